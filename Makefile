@@ -1,0 +1,37 @@
+# The two commands a new user needs: `make demo` and `make test`.
+# Both create the virtual environment on first use. torch is pinned and installed
+# first, on its own, so that pip never resolves a newer torch (several GB of CUDA).
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.shoal-installed
+TORCH  := torch==2.13.0
+
+.PHONY: setup demo test lint typecheck bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	touch $(STAMP)
+
+demo: setup
+	$(VENV)/bin/shoal train examples/demo.toml
+
+test: setup
+	$(PY) -m pytest -q
+
+lint: setup
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
+
+typecheck: setup
+	$(VENV)/bin/mypy
+
+bench: setup
+	$(PY) benchmarks/dp_vs_ddp.py
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

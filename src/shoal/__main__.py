@@ -1,0 +1,7 @@
+"""`python -m shoal` (and so `torchrun -m shoal train job.toml`)."""
+
+import sys
+
+from shoal.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,119 @@
+"""`shoal train`, `shoal config validate|schema|show`.
+
+User errors print one line each (what, where, how to fix) and exit 2, without a
+traceback; a failed job exits 1 with the rank and error that caused it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+
+from shoal.errors import EXIT_OK, ShoalError
+
+
+def _train(args: argparse.Namespace) -> int:
+    from rich.console import Console
+
+    from shoal.api import train
+    from shoal.launch.process_group import launched_by_torchrun
+    from shoal.monitor.summary import print_summary
+
+    results = train(args.config, workers=args.workers, overrides=args.set, resume=args.resume)
+    if launched_by_torchrun() and results.get("world_size") and not _is_rank_zero():
+        return EXIT_OK
+    console = Console()
+    print_summary(results, console)
+    valid = results.get("valid") or {}
+    final = "  ".join(f"{k} {v:.4f}" for k, v in valid.items() if isinstance(v, float))
+    if final:
+        console.print(f"final valid: {final}")
+    console.print(f"run directory: {results['run_dir']}")
+    return EXIT_OK
+
+
+def _is_rank_zero() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
+def _validate(args: argparse.Namespace) -> int:
+    from shoal.config import load_config
+    from shoal.strategies.registry import strategy_class
+
+    config = load_config(args.file, args.set)
+    world = strategy_class(config.strategy.type).world_size(config)
+    print(
+        f"{args.file}: valid (task {config.task.type}, strategy {config.strategy.type}, "
+        f"{world} worker{'s' if world > 1 else ''})"
+    )
+    return EXIT_OK
+
+
+def _schema(args: argparse.Namespace) -> int:
+    from shoal.config import ShoalConfig
+
+    print(json.dumps(ShoalConfig.model_json_schema(), indent=2))
+    return EXIT_OK
+
+
+def _show(args: argparse.Namespace) -> int:
+    from shoal.config import dump_config, load_config
+
+    sys.stdout.write(dump_config(load_config(args.file, args.set)))
+    return EXIT_OK
+
+
+def build_parser() -> argparse.ArgumentParser:
+    from shoal import __version__
+
+    parser = argparse.ArgumentParser(
+        prog="shoal", description="Train a PyTorch model under any way of distributing it."
+    )
+    parser.add_argument("--version", action="version", version=f"shoal {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    set_help = "override a config value, e.g. --set train.optimizer.lr=0.1 (repeatable)"
+    train = commands.add_parser("train", help="train the job a config describes")
+    train.add_argument("config", nargs="?", help="TOML config file")
+    train.add_argument("--workers", type=int, help="worker processes on this machine")
+    train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    train.add_argument(
+        "--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint"
+    )
+    train.set_defaults(handler=_train)
+
+    config = commands.add_parser("config", help="check, show or describe configs")
+    config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")
+    validate = config_commands.add_parser("validate", help="check a config file")
+    validate.add_argument("file")
+    validate.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    validate.set_defaults(handler=_validate)
+    show = config_commands.add_parser("show", help="print a config with every default filled in")
+    show.add_argument("file")
+    show.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
+    show.set_defaults(handler=_show)
+    schema = config_commands.add_parser("schema", help="print the JSON Schema of configs")
+    schema.set_defaults(handler=_schema)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        code: int = args.handler(args)
+        return code
+    except ShoalError as exc:
+        for line in exc.lines:
+            print(line, file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("shoal: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Gradient communication: buckets filled during backward, and the aggregators that reduce them."""

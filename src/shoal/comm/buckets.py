@@ -1,0 +1,157 @@
+"""Gradient buckets: parameters' .grad tensors are views into a few flat buffers.
+
+Why: reducing one large flat buffer is far cheaper than one collective per
+parameter, and a bucket can be sent as soon as all its gradients exist, while
+backward is still computing the rest (the overlap DDP gets from its reducer).
+Parameters are bucketed in reverse registration order, the order in which
+backward produces their gradients, and buckets are launched strictly in index
+order so that every rank issues the same collectives in the same sequence.
+Because .grad *is* the buffer, there is no copy in or out.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shoal.comm.aggregators import Aggregator, PendingReduction
+from shoal.strategies.base import GradientSync
+
+FIRST_BUCKET_BYTES = 1 << 20  # a small first bucket starts communication early, as in DDP
+
+
+@dataclass
+class Bucket:
+    index: int
+    buffer: torch.Tensor
+    params: list[nn.Parameter]
+    names: list[str]
+    views: list[torch.Tensor] = field(default_factory=list)
+    pending: int = 0
+
+
+def plan_buckets(
+    named_params: list[tuple[str, nn.Parameter]], cap_bytes: int
+) -> list[list[tuple[str, nn.Parameter]]]:
+    """Group parameters (already in backward order) into buckets of at most ~cap_bytes.
+
+    A bucket holds one dtype on one device; a parameter larger than the cap gets a
+    bucket of its own.
+    """
+    groups: list[list[tuple[str, nn.Parameter]]] = []
+    current: list[tuple[str, nn.Parameter]] = []
+    size = 0
+    limit = min(FIRST_BUCKET_BYTES, cap_bytes)
+    for name, param in named_params:
+        nbytes = param.numel() * param.element_size()
+        compatible = not current or (
+            current[0][1].dtype == param.dtype and current[0][1].device == param.device
+        )
+        if current and (not compatible or size + nbytes > limit):
+            groups.append(current)
+            current, size, limit = [], 0, cap_bytes
+        current.append((name, param))
+        size += nbytes
+    if current:
+        groups.append(current)
+    return groups
+
+
+class BucketedGradientSync(GradientSync):
+    """Reduces gradient buckets with an aggregator, overlapping the backward pass."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        aggregator: Aggregator,
+        cap_mb: float,
+        broadcast_buffers: bool = True,
+    ) -> None:
+        self.aggregator = aggregator
+        # Buffers (batch-norm statistics) are not trained by gradients; rank 0's copy wins.
+        self.buffers = [b for b in model.buffers() if b.numel()] if broadcast_buffers else []
+        named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+        self.buckets: list[Bucket] = []
+        for index, group in enumerate(plan_buckets(named[::-1], int(cap_mb * (1 << 20)))):
+            first = group[0][1]
+            total = sum(p.numel() for _, p in group)
+            buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
+            bucket = Bucket(index, buffer, [p for _, p in group], [n for n, _ in group])
+            offset = 0
+            for _, param in group:
+                bucket.views.append(buffer[offset : offset + param.numel()].view_as(param))
+                offset += param.numel()
+            self.buckets.append(bucket)
+        self._bucket_of: dict[int, tuple[Bucket, int]] = {}
+        for bucket in self.buckets:
+            for slot, param in enumerate(bucket.params):
+                self._bucket_of[id(param)] = (bucket, slot)
+                param.grad = bucket.views[slot]
+                param.register_post_accumulate_grad_hook(self._on_grad_ready)
+        self._armed = False
+        self._next_launch = 0
+        self._ready: list[bool] = [False] * len(self.buckets)
+        self._handles: list[PendingReduction] = []
+
+    def begin_step(self) -> None:
+        for buffer in self.buffers:
+            dist.broadcast(buffer, src=0)
+
+    def zero_grad(self) -> None:
+        for bucket in self.buckets:
+            bucket.buffer.zero_()
+            for param, view in zip(bucket.params, bucket.views, strict=True):
+                param.grad = view  # re-attach if anything replaced the view
+            bucket.pending = len(bucket.params)
+        self._ready = [False] * len(self.buckets)
+        self._next_launch = 0
+        self._handles = []
+
+    @contextmanager
+    def accumulate(self, last: bool) -> Iterator[None]:
+        self._armed = last
+        try:
+            yield
+        finally:
+            self._armed = False
+
+    def _on_grad_ready(self, param: torch.Tensor) -> None:
+        bucket, slot = self._bucket_of[id(param)]
+        view = bucket.views[slot]
+        if param.grad is not view:  # autograd replaced .grad: fold it back into the bucket
+            if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
+                view.copy_(param.grad)
+            param.grad = view
+        if not self._armed:
+            return
+        bucket.pending -= 1
+        if bucket.pending == 0:
+            self._ready[bucket.index] = True
+            self._launch_ready()
+
+    def _launch_ready(self) -> None:
+        while self._next_launch < len(self.buckets) and self._ready[self._next_launch]:
+            bucket = self.buckets[self._next_launch]
+            self._handles.append(self.aggregator.start(bucket.buffer))
+            self._next_launch += 1
+
+    def finish(self) -> float:
+        """Launch buckets that never filled (unused parameters, empty shards), then wait."""
+        for index in range(self._next_launch, len(self.buckets)):
+            self._ready[index] = True
+        self._launch_ready()
+        started = time.perf_counter()
+        for handle in self._handles:
+            handle.wait()
+        waited = time.perf_counter() - started
+        self._handles = []
+        return waited
+
+    def bytes_per_step(self) -> int:
+        return sum(b.buffer.numel() * b.buffer.element_size() for b in self.buckets)

@@ -1,0 +1,40 @@
+"""The base every config model derives from.
+
+Configs are data: strict types (a string is not silently turned into a number),
+unknown keys rejected, and every field documented where it is declared, so that
+`shoal config schema` and the CLI read their help text from one place.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo
+
+
+class ConfigModel(BaseModel):
+    """Strict, closed config section."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+
+
+def _resolve_existing_file(value: str, info: ValidationInfo) -> str:
+    """Resolve a path against the config file's folder and require that it exists.
+
+    Relative paths in a config mean "next to this config", whatever the current
+    directory is when `shoal train` runs; the resolved config saved in the run
+    directory then holds absolute paths and can be rerun from anywhere.
+    """
+    base = (info.context or {}).get("base_dir")
+    path = Path(value).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = Path(base) / path
+    path = path.resolve()
+    if not path.is_file():
+        raise ValueError(f"file not found: {path}")
+    return str(path)
+
+
+ExistingFile = Annotated[str, AfterValidator(_resolve_existing_file)]
+"""A path to an existing file, relative paths taken from the config's folder."""

@@ -1,0 +1,78 @@
+"""`[checkpoint]`, `[run]`, `[monitor]` and `[faults]`: the job around the training."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from shoal.config.base import ConfigModel
+
+
+class CheckpointConfig(ConfigModel):
+    """When checkpoints are written and how many are kept."""
+
+    every_steps: int | None = Field(None, ge=1, description="Write a checkpoint every N steps.")
+    every_epochs: int | None = Field(
+        1, ge=1, description="Write a checkpoint at the end of every N-th epoch."
+    )
+    keep_last: int = Field(3, ge=1, description="Keep the newest K checkpoints; older are deleted.")
+    at_end: bool = Field(True, description="Write a checkpoint when training ends.")
+
+
+class RunConfig(ConfigModel):
+    """Where the run directory goes and what the workers run on."""
+
+    dir: str = Field("runs", description="Parent folder of run directories.")
+    name: str | None = Field(
+        None,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+        description="Run name (default: the config file's name); an existing name gets a suffix.",
+    )
+    backend: Literal["auto", "gloo", "nccl"] = Field(
+        "auto", description="torch.distributed backend: nccl when CUDA is used, else gloo."
+    )
+    device: Literal["auto", "cpu", "cuda"] = Field(
+        "auto", description="Device to train on (auto: one CUDA device per worker if available)."
+    )
+    threads_per_worker: int | None = Field(
+        None, ge=1, description="CPU threads per worker (default: cores / workers on this host)."
+    )
+
+
+class MonitorConfig(ConfigModel):
+    """What is reported while training runs."""
+
+    log_every_steps: int = Field(
+        10, ge=1, description="Write a metrics.jsonl line and a progress line every N steps."
+    )
+    progress: Literal["auto", "bar", "plain", "off"] = Field(
+        "auto", description="Progress display: a live bar on a terminal, plain lines otherwise."
+    )
+
+
+class FaultInjection(ConfigModel):
+    """Deliberately break one worker, to test how a job handles faults."""
+
+    rank: int = Field(..., ge=0, description="Rank that fails.")
+    step: int = Field(..., ge=0, description="Global step (0-based) at which it fails.")
+    kind: Literal["raise", "exit", "hang"] = Field(
+        "raise", description="raise an exception, exit abruptly, or stop responding."
+    )
+
+
+class FaultsConfig(ConfigModel):
+    """Timeouts that turn a lost worker into a clear error instead of a hang."""
+
+    timeout_s: float = Field(
+        300.0, gt=0, description="Longest wait for any collective or for workers to join."
+    )
+    heartbeat_interval_s: float = Field(
+        1.0, gt=0, description="How often each worker reports that it is alive."
+    )
+    heartbeat_timeout_s: float = Field(
+        60.0, gt=0, description="A worker silent this long is declared lost and the job stops."
+    )
+    inject: FaultInjection | None = Field(
+        None, description="Fault injection for testing fault handling; leave unset in real runs."
+    )

@@ -1,0 +1,58 @@
+"""`[strategy]`: how the work is distributed. A union discriminated by `type`.
+
+Only strategies that are implemented are accepted here: a config that validates
+is a config that runs.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field
+
+from shoal.config.base import ConfigModel
+
+
+class LocalStrategyConfig(ConfigModel):
+    """One process trains on the whole dataset."""
+
+    type: Literal["local"] = "local"
+
+
+class NativeAggregationConfig(ConfigModel):
+    """The backend's own all-reduce (gloo or NCCL)."""
+
+    method: Literal["native"] = "native"
+
+
+# Aggregation methods beyond `native` join this union, discriminated by `method`.
+AggregationConfig = Annotated[NativeAggregationConfig, Field(discriminator="method")]
+
+
+class DataParallelStrategyConfig(ConfigModel):
+    """Replicas of the model, one data shard each, gradients averaged every step."""
+
+    type: Literal["data_parallel"] = "data_parallel"
+    num_replicas: int = Field(
+        2,
+        ge=1,
+        description="Worker processes `shoal train` starts on this machine (`--workers` "
+        "overrides it; under torchrun the world size decides).",
+    )
+    bucket_cap_mb: float = Field(
+        25.0,
+        gt=0,
+        description="Gradient bucket size in MiB: each bucket is reduced as soon as its "
+        "gradients are ready, overlapping the rest of the backward pass.",
+    )
+    broadcast_buffers: bool = Field(
+        True, description="Copy rank 0's buffers (e.g. batch-norm statistics) every step."
+    )
+    aggregation: AggregationConfig = Field(
+        default_factory=NativeAggregationConfig, description="How gradients are combined."
+    )
+
+
+StrategyConfig = Annotated[
+    LocalStrategyConfig | DataParallelStrategyConfig, Field(discriminator="type")
+]

@@ -1,0 +1,124 @@
+"""`[train]`: how long, how big a batch, which optimizer and schedule."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from pydantic import Field, model_validator
+
+from shoal.config.base import ConfigModel
+
+
+class SGDConfig(ConfigModel):
+    """Stochastic gradient descent, optionally with (Nesterov) momentum."""
+
+    kind: Literal["sgd"] = "sgd"
+    lr: float = Field(0.01, gt=0, description="Learning rate (peak, after warm-up).")
+    momentum: float = Field(0.0, ge=0, lt=1, description="Momentum factor in [0, 1).")
+    dampening: float = Field(0.0, ge=0, le=1, description="Dampening for momentum.")
+    nesterov: bool = Field(False, description="Use Nesterov momentum (needs momentum > 0).")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to the gradient.")
+
+    @model_validator(mode="after")
+    def _nesterov_needs_momentum(self) -> SGDConfig:
+        if self.nesterov and (self.momentum <= 0 or self.dampening != 0):
+            raise ValueError("nesterov = true needs momentum > 0 and dampening = 0")
+        return self
+
+
+class AdamConfig(ConfigModel):
+    """Adam (Kingma & Ba, 2015)."""
+
+    kind: Literal["adam"] = "adam"
+    lr: float = Field(1e-3, gt=0, description="Learning rate (peak, after warm-up).")
+    betas: list[float] = Field(
+        [0.9, 0.999], min_length=2, max_length=2, description="[beta1, beta2], each in [0, 1)."
+    )
+    eps: float = Field(1e-8, gt=0, description="Term added to the denominator.")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to the gradient.")
+    amsgrad: bool = Field(False, description="Use the AMSGrad variant.")
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> AdamConfig:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must each lie in [0, 1), got {self.betas}")
+        return self
+
+
+class AdamWConfig(AdamConfig):
+    """AdamW: Adam with decoupled weight decay (Loshchilov & Hutter, 2019)."""
+
+    kind: Literal["adamw"] = "adamw"  # type: ignore[assignment]
+    weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay.")
+
+
+class AdagradConfig(ConfigModel):
+    """Adagrad (Duchi et al., 2011)."""
+
+    kind: Literal["adagrad"] = "adagrad"
+    lr: float = Field(0.01, gt=0, description="Learning rate (peak, after warm-up).")
+    lr_decay: float = Field(0.0, ge=0, description="Adagrad's own learning-rate decay.")
+    eps: float = Field(1e-10, gt=0, description="Term added to the denominator.")
+    weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to the gradient.")
+    initial_accumulator_value: float = Field(0.0, ge=0, description="Start of the sum of squares.")
+
+
+OptimizerConfig = Annotated[
+    SGDConfig | AdamConfig | AdamWConfig | AdagradConfig, Field(discriminator="kind")
+]
+
+
+class TrainConfig(ConfigModel):
+    """How the model is optimized. `batch_size` is global: the same problem at any world size."""
+
+    epochs: int | None = Field(None, ge=1, description="Passes over the training data.")
+    max_steps: int | None = Field(
+        None, ge=1, description="Optimizer steps to take; with `epochs`, whichever comes first."
+    )
+    batch_size: int = Field(
+        ...,
+        ge=1,
+        description="Global batch size: samples per optimizer step summed over all workers.",
+    )
+    micro_batches: int = Field(
+        1,
+        ge=1,
+        description="Split each step's batch into this many micro-batches and accumulate "
+        "their gradients; workers communicate only after the last one.",
+    )
+    eval_batch_size: int | None = Field(
+        None, ge=1, description="Batch size for evaluation (default: batch_size)."
+    )
+    shuffle: bool = Field(True, description="Shuffle the training data every epoch (seeded).")
+    drop_last: bool = Field(
+        False, description="Drop the last, smaller batch of each epoch instead of training on it."
+    )
+    optimizer: OptimizerConfig = Field(
+        default_factory=SGDConfig, description="Optimizer: kind = sgd | adam | adamw | adagrad."
+    )
+    warmup_steps: int = Field(
+        0, ge=0, description="Linear learning-rate warm-up from 0 over this many steps."
+    )
+    lr_decay: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning-rate decay after warm-up, down to min_lr_ratio * lr."
+    )
+    min_lr_ratio: float = Field(
+        0.0, ge=0, le=1, description="Final learning rate of a decay, as a fraction of lr."
+    )
+    grad_clip_norm: float | None = Field(
+        None, gt=0, description="Clip gradients to this global L2 norm (over all workers)."
+    )
+    eval_every_epochs: int = Field(
+        1, ge=0, description="Evaluate on the held-out split every N epochs (0: only at the end)."
+    )
+    seed: int = Field(0, ge=0, description="Seed for model initialization, shuffling and dropout.")
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainConfig:
+        if self.epochs is None and self.max_steps is None:
+            raise ValueError("set epochs or max_steps (or both: whichever comes first)")
+        if self.micro_batches > self.batch_size:
+            raise ValueError(
+                f"micro_batches ({self.micro_batches}) cannot exceed batch_size ({self.batch_size})"
+            )
+        return self

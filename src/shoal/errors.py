@@ -1,0 +1,36 @@
+"""Errors a user can cause, kept apart from bugs.
+
+A :class:`ShoalError` is shown as one line (or one line per problem), without a
+traceback, and the process exits with :attr:`ShoalError.exit_code`. Anything else
+that escapes is a bug in shoal or in user code and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+EXIT_OK = 0
+EXIT_FAILURE = 1
+EXIT_USER_ERROR = 2
+
+
+class ShoalError(Exception):
+    """A problem the user can fix: bad config, bad data file, bad command line."""
+
+    exit_code = EXIT_USER_ERROR
+
+    def __init__(self, *lines: str) -> None:
+        self.lines = [line for line in lines if line]
+        super().__init__("\n".join(self.lines))
+
+
+class ConfigError(ShoalError):
+    """The config file or an override is invalid; one line per problem."""
+
+
+class DataError(ShoalError):
+    """A data file is missing or malformed; the line says `file:line: what`."""
+
+
+class JobFailed(ShoalError):
+    """A training job failed at run time (a worker raised, died or hung)."""
+
+    exit_code = EXIT_FAILURE

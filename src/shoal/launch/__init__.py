@@ -1,0 +1,1 @@
+"""Starting workers: in-process, as local worker processes, or joining a torchrun job."""

@@ -1,0 +1,95 @@
+"""Join a job launched by torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_*).
+
+The same config and command run on many machines:
+`torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT -m shoal train job.toml`.
+Rank 0 creates the run directory and tells the others its name over the process
+group. Rank 0 writes metrics, results and checkpoints; every rank writes its log
+under the same run directory on its own machine.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shoal.checkpoint.atomic import atomic_write_bytes
+from shoal.config import dump_config
+from shoal.launch.job import run_job
+from shoal.launch.plan import JobPlan
+from shoal.launch.process_group import (
+    init_process_group,
+    pick_backend,
+    pick_device,
+    set_cpu_threads,
+    shutdown_process_group,
+)
+from shoal.launch.reports import write_report
+from shoal.monitor.logs import close_logger, worker_logger
+from shoal.run import RunPaths, create_run_dir
+from shoal.runtime.collectives import barrier, broadcast_bytes
+from shoal.runtime.context import WorkerContext
+
+
+@dataclass
+class _Peers:
+    """Just enough of a context for the collectives used before the run directory exists."""
+
+    rank: int
+    world_size: int
+    comm_device: torch.device
+    distributed: bool = True
+
+
+def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
+    env = os.environ
+    rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local_rank = int(env.get("LOCAL_RANK", 0))
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", 1))
+    config = plan.config
+    device = pick_device(config.run, local_rank)
+    backend = pick_backend(config.run, device)
+    if device.type == "cpu":
+        set_cpu_threads(config.run, local_world_size)
+    init_process_group(backend, rank, world_size, config.faults.timeout_s, device=device)
+    try:
+        peers = _Peers(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
+        root = plan.run_root
+        if root is None:
+            created = None
+            if rank == 0:
+                created = create_run_dir(Path(config.run.dir), plan.run_name).root
+                atomic_write_bytes(RunPaths(created).config, dump_config(config).encode())
+            announced = broadcast_bytes(peers, str(created).encode() if created else None)
+            root = Path(announced.decode())
+        paths = RunPaths(root)
+        paths.logs.mkdir(parents=True, exist_ok=True)  # other machines may not share the folder
+        paths.checkpoints.mkdir(parents=True, exist_ok=True)
+        barrier(peers)
+        log = worker_logger(rank, paths.log_file(rank))
+        ctx = WorkerContext(
+            config=config,
+            paths=paths,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            device=device,
+            backend=backend,
+            launch_mode="torchrun",
+            log=log,
+            resume_from=plan.resume_from,
+        )
+        try:
+            return run_job(ctx)
+        except Exception as exc:
+            log.exception("rank %d failed", rank)
+            write_report(paths.error_file(rank), rank, -1, exc)
+            raise
+        finally:
+            close_logger(log)
+    finally:
+        shutdown_process_group()

@@ -1,0 +1,52 @@
+"""Run a one-process job (the `local` strategy) inside the calling process."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from shoal.config import ShoalConfig
+from shoal.errors import ShoalError
+from shoal.launch.job import run_job
+from shoal.launch.process_group import pick_device
+from shoal.launch.reports import write_report
+from shoal.monitor.logs import close_logger, worker_logger
+from shoal.run import RunPaths
+from shoal.runtime.context import WorkerContext
+
+
+def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None) -> dict[str, Any]:
+    fault = config.faults.inject
+    if fault is not None and (fault.kind != "raise" or fault.rank != 0):
+        raise ShoalError(
+            'faults.inject: the local strategy runs in this process; only kind = "raise" on '
+            "rank 0 can be injected (use strategy data_parallel to test exits and hangs)"
+        )
+    log = worker_logger(0, paths.log_file(0))
+    threads_before = torch.get_num_threads()
+    try:
+        if config.run.threads_per_worker:
+            torch.set_num_threads(config.run.threads_per_worker)
+        ctx = WorkerContext(
+            config=config,
+            paths=paths,
+            rank=0,
+            world_size=1,
+            local_rank=0,
+            local_world_size=1,
+            device=pick_device(config.run, 0),
+            backend=None,
+            launch_mode="inprocess",
+            log=log,
+            resume_from=resume_from,
+        )
+        return run_job(ctx)
+    except Exception as exc:
+        if not isinstance(exc, ShoalError):
+            log.exception("training failed")
+        write_report(paths.error_file(0), 0, -1, exc)
+        raise
+    finally:
+        torch.set_num_threads(threads_before)
+        close_logger(log)

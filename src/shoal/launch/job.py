@@ -1,0 +1,18 @@
+"""What every worker runs once its context exists, however it was launched."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from shoal.runtime.context import WorkerContext
+from shoal.runtime.rng import seed_everything
+from shoal.strategies.registry import strategy_class
+from shoal.tasks.registry import build_task
+
+
+def run_job(ctx: WorkerContext) -> dict[str, Any]:
+    """Build the task (data) and the strategy, and run the strategy's loop."""
+    seed_everything(ctx.config.train.seed)  # user factories may draw random numbers
+    task = build_task(ctx)
+    strategy = strategy_class(ctx.config.strategy.type)(ctx)
+    return strategy.run(task)

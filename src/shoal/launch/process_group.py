@@ -1,0 +1,92 @@
+"""Device, backend and process-group setup for a worker."""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import os
+import socket
+
+import torch
+import torch.distributed as dist
+
+from shoal.config.sections import RunConfig
+from shoal.errors import ShoalError
+
+#: set by shoal's own launcher in its workers' environment
+LAUNCHER_ENV = "SHOAL_LAUNCHER"
+TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+
+
+def launched_by_torchrun() -> bool:
+    """True when this process is one rank of an externally launched job (torchrun, SLURM...)."""
+    return all(v in os.environ for v in TORCHRUN_VARS) and LAUNCHER_ENV not in os.environ
+
+
+def pick_device(run: RunConfig, local_rank: int) -> torch.device:
+    if run.device == "cpu" or (run.device == "auto" and not torch.cuda.is_available()):
+        return torch.device("cpu")
+    if not torch.cuda.is_available():
+        raise ShoalError(
+            'run.device: \'cuda\' but CUDA is not available here; set run.device = "cpu" or "auto"'
+        )
+    count = torch.cuda.device_count()
+    if local_rank >= count:
+        raise ShoalError(
+            f"run.device: worker {local_rank} on this host needs a GPU but only {count} exist; "
+            'start fewer workers per host or set run.device = "cpu"'
+        )
+    return torch.device("cuda", local_rank)
+
+
+def pick_backend(run: RunConfig, device: torch.device) -> str:
+    if run.backend == "auto":
+        return "nccl" if device.type == "cuda" else "gloo"
+    if run.backend == "nccl" and device.type != "cuda":
+        raise ShoalError('run.backend: \'nccl\' needs CUDA devices; use "gloo" or "auto" on CPU')
+    return run.backend
+
+
+def loopback_interface() -> str | None:
+    """Name of the loopback interface ('lo' on Linux, 'lo0' on macOS), if any."""
+    try:
+        names = [name for _, name in socket.if_nameindex()]
+    except OSError:
+        return None
+    return next((n for n in ("lo", "lo0") if n in names), None)
+
+
+def init_process_group(
+    backend: str,
+    rank: int,
+    world_size: int,
+    timeout_s: float,
+    store: dist.Store | None = None,
+    device: torch.device | None = None,
+) -> None:
+    """Join the job's process group; every collective then times out after `timeout_s`."""
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if device is not None and device.type == "cuda":
+        torch.cuda.set_device(device)
+    if store is not None:
+        dist.init_process_group(
+            backend, store=store, rank=rank, world_size=world_size, timeout=timeout
+        )
+    else:
+        dist.init_process_group(
+            backend, init_method="env://", rank=rank, world_size=world_size, timeout=timeout
+        )
+
+
+def shutdown_process_group() -> None:
+    if dist.is_available() and dist.is_initialized():
+        # peers may already be gone; nothing is left to release cleanly then
+        with contextlib.suppress(Exception):
+            dist.destroy_process_group()
+
+
+def set_cpu_threads(run: RunConfig, local_world_size: int) -> int:
+    """Give each worker its share of the cores, so N workers do not fight over them."""
+    threads = run.threads_per_worker or max(1, (os.cpu_count() or 1) // max(1, local_world_size))
+    torch.set_num_threads(threads)
+    return threads

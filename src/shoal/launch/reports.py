@@ -1,0 +1,54 @@
+"""A failed worker's error report, read by the launcher to name who failed and why.
+
+Written as JSON next to the worker's log; only plain text crosses, never pickle.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import traceback
+from pathlib import Path
+from typing import Any
+
+from shoal.checkpoint.atomic import atomic_write_json
+from shoal.errors import ShoalError
+
+_COMM_HINTS = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout")
+
+
+def is_communication_error(exc: BaseException) -> bool:
+    """A failure caused by a peer (it died, or a collective timed out), not by this rank."""
+    try:
+        import torch.distributed as dist
+
+        if isinstance(exc, dist.DistError):
+            return True
+    except (ImportError, AttributeError):
+        pass
+    text = f"{type(exc).__name__}: {exc}".lower()
+    return any(hint in text for hint in _COMM_HINTS)
+
+
+def write_report(path: Path, rank: int, step: int, exc: BaseException) -> None:
+    user_error = isinstance(exc, ShoalError)
+    report = {
+        "rank": rank,
+        "step": step,
+        "type": type(exc).__name__,
+        "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        "lines": exc.lines if isinstance(exc, ShoalError) else [],
+        "user_error": user_error,
+        "communication_error": not user_error and is_communication_error(exc),
+        "traceback": "".join(traceback.format_exception(exc)),
+    }
+    with contextlib.suppress(OSError):  # the log still has the traceback
+        atomic_write_json(path, report)
+
+
+def read_report(path: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None

@@ -1,0 +1,119 @@
+"""Entry point of a worker process started by shoal's local launcher.
+
+`python -m shoal.launch.worker --run-dir DIR [--resume CHECKPOINT]`, with the
+torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
+MASTER_PORT) set by the launcher, whose TCP store the worker joins.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import datetime
+import logging
+import os
+import signal
+import sys
+from pathlib import Path
+
+import torch.distributed as dist
+
+from shoal.config import load_config
+from shoal.errors import EXIT_FAILURE, ShoalError
+from shoal.launch.job import run_job
+from shoal.launch.process_group import (
+    LAUNCHER_ENV,
+    init_process_group,
+    pick_backend,
+    pick_device,
+    set_cpu_threads,
+    shutdown_process_group,
+)
+from shoal.launch.reports import write_report
+from shoal.monitor.logs import close_logger, worker_logger
+from shoal.run import RunPaths
+from shoal.runtime.context import WorkerContext
+from shoal.runtime.heartbeat import Heartbeat
+
+
+def _die_with_launcher() -> None:
+    """Ask Linux to end this worker when its launcher dies, so no orphan trains on alone."""
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except OSError:
+        return  # not Linux: the heartbeat store going away ends the job instead
+    if str(os.getppid()) != os.environ.get(LAUNCHER_ENV):
+        os._exit(EXIT_FAILURE)  # the launcher died before we could ask
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shoal-worker")
+    parser.add_argument("--run-dir", required=True)
+    parser.add_argument("--resume", default=None, help="checkpoint folder to resume from")
+    args = parser.parse_args(argv)
+    _die_with_launcher()
+
+    env = os.environ
+    rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+    local_rank = int(env.get("LOCAL_RANK", rank))
+    local_world_size = int(env.get("LOCAL_WORLD_SIZE", world_size))
+    host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    paths = RunPaths(Path(args.run_dir))
+    log = worker_logger(rank, paths.log_file(rank))
+    heartbeat: Heartbeat | None = None
+    try:
+        config = load_config(paths.config)
+        faults = config.faults
+        device = pick_device(config.run, local_rank)
+        backend = pick_backend(config.run, device)
+        if device.type == "cpu":
+            set_cpu_threads(config.run, local_world_size)
+        heartbeat = Heartbeat(host, port, rank, faults.heartbeat_interval_s, faults.timeout_s)
+        store = dist.TCPStore(
+            host,
+            port,
+            world_size,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=faults.timeout_s),
+            wait_for_workers=False,
+        )
+        init_process_group(backend, rank, world_size, faults.timeout_s, store=store, device=device)
+        log.info("rank %d of %d joined (%s on %s)", rank, world_size, backend, device)
+        ctx = WorkerContext(
+            config=config,
+            paths=paths,
+            rank=rank,
+            world_size=world_size,
+            local_rank=local_rank,
+            local_world_size=local_world_size,
+            device=device,
+            backend=backend,
+            launch_mode="shoal",
+            log=log,
+            resume_from=args.resume,
+            heartbeat=heartbeat,
+        )
+        run_job(ctx)
+        return 0
+    except KeyboardInterrupt:
+        log.error("interrupted")
+        return 130
+    except Exception as exc:
+        step = heartbeat.step if heartbeat is not None else -1
+        if isinstance(exc, ShoalError):
+            log.error("%s", exc)
+        else:
+            log.exception("rank %d failed", rank)
+        write_report(paths.error_file(rank), rank, step, exc)
+        return exc.exit_code if isinstance(exc, ShoalError) else EXIT_FAILURE
+    finally:
+        if heartbeat is not None:
+            heartbeat.stop()
+        shutdown_process_group()
+        logging.shutdown()
+        close_logger(log)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

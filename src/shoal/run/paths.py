@@ -1,0 +1,71 @@
+"""Layout of a run directory, and creating one without ever reusing an existing one."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class RunPaths:
+    """Every file of a run, by role.
+
+    runs/<name>/
+        config.toml          the resolved config (defaults filled in, paths absolute)
+        metrics.jsonl        one JSON object per logging interval and evaluation
+        results.json         final metrics, wall time, world size, strategy
+        logs/rank-<r>.log    one log per rank (and rank-<r>.error.json if it failed)
+        checkpoints/step-<n> one folder per checkpoint
+    """
+
+    root: Path
+
+    @property
+    def config(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def results(self) -> Path:
+        return self.root / "results.json"
+
+    @property
+    def logs(self) -> Path:
+        return self.root / "logs"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def log_file(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.log"
+
+    def output_file(self, rank: int) -> Path:
+        """Where a worker's stdout and stderr go when they are not shown on the terminal."""
+        return self.logs / f"rank-{rank}.out"
+
+    def error_file(self, rank: int) -> Path:
+        return self.logs / f"rank-{rank}.error.json"
+
+
+def create_run_dir(parent: Path, name: str) -> RunPaths:
+    """Create `parent/name`, or `name-2`, `name-3`, ... if taken: a run never lands in another's.
+
+    `os.mkdir` is atomic, so two jobs started at the same moment cannot both claim a name.
+    """
+    parent.mkdir(parents=True, exist_ok=True)
+    for attempt in range(1, 10_000):
+        candidate = parent / (name if attempt == 1 else f"{name}-{attempt}")
+        try:
+            os.mkdir(candidate)
+        except FileExistsError:
+            continue
+        paths = RunPaths(candidate)
+        paths.logs.mkdir()
+        paths.checkpoints.mkdir()
+        return paths
+    raise RuntimeError(f"no free run name under {parent} for {name!r}")

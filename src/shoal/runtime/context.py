@@ -1,0 +1,53 @@
+"""The worker context: rank, world, device, run directory and logger, handed to every piece."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+import torch
+
+from shoal.config import ShoalConfig
+from shoal.run import RunPaths
+
+if TYPE_CHECKING:
+    from shoal.runtime.heartbeat import Heartbeat
+
+LaunchMode = Literal["inprocess", "shoal", "torchrun"]
+
+
+@dataclass
+class WorkerContext:
+    """Everything a strategy, task or trainer needs to know about where it runs.
+
+    `distributed` is True when a torch.distributed process group exists (even of
+    size 1); the in-process `local` strategy runs without one and every collective
+    helper is then the identity.
+    """
+
+    config: ShoalConfig
+    paths: RunPaths
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    device: torch.device
+    backend: str | None
+    launch_mode: LaunchMode
+    log: logging.Logger
+    resume_from: str | None = None
+    heartbeat: Heartbeat | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.backend is not None
+
+    @property
+    def comm_device(self) -> torch.device:
+        """Where tensors handed to collectives must live (NCCL: the GPU)."""
+        return self.device if self.backend == "nccl" else torch.device("cpu")

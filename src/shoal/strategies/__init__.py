@@ -1,0 +1,1 @@
+"""How the work is distributed: one strategy object per `[strategy] type`."""

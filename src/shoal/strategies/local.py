@@ -1,0 +1,20 @@
+"""`local`: one process, the whole dataset."""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from torch import nn
+
+from shoal.strategies.base import GradientSync, LocalGradientSync, Strategy
+from shoal.strategies.registry import STRATEGIES
+
+
+@STRATEGIES.register("local")
+class LocalStrategy(Strategy):
+    """Trains in the calling process; no process group, no communication."""
+
+    in_process: ClassVar[bool] = True
+
+    def attach(self, model: nn.Module) -> GradientSync:
+        return LocalGradientSync(model)

@@ -1,0 +1,1 @@
+"""Workloads: what is trained (model, data, loss, evaluation)."""

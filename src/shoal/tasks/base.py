@@ -1,0 +1,90 @@
+"""The contract between a workload and the training machinery.
+
+A task owns its data, builds its model, turns a list of sample indices into a
+batch, computes the loss as a *sum* over the batch's samples, and evaluates.
+Everything distributed (sharding, gradient averaging, checkpoints) lives outside
+it, so every strategy can train every task.
+
+Why a sum: with a global batch of B samples split unevenly over N workers, the
+gradient of the global mean loss is sum_over_workers(grad(loss_sum_r)) / B. The
+trainer divides by B and the strategy sums over workers, so N workers reproduce
+one worker exactly, whatever B mod N is.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import torch
+from torch import nn
+
+from shoal.runtime.context import WorkerContext
+
+
+@dataclass
+class LossOutput:
+    """The loss of one (micro-)batch.
+
+    `loss_sum` is the sum of per-sample losses (with the graph attached); `count`
+    the samples it covers; `sums` further additive statistics, such as the number
+    of correct predictions, reported as `train_<name>` = sum / samples.
+    """
+
+    loss_sum: torch.Tensor
+    count: int
+    sums: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+class Task(ABC):
+    """A workload: model, data, loss and evaluation."""
+
+    #: metric used to pick the best checkpoint and for early stopping, and its direction
+    primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        self.ctx = ctx
+
+    @property
+    @abstractmethod
+    def train_size(self) -> int:
+        """Number of training samples; indices passed to `train_batch` lie in [0, train_size)."""
+
+    @abstractmethod
+    def build_model(self) -> nn.Module:
+        """A freshly initialized model (the caller seeds the generators first)."""
+
+    @abstractmethod
+    def train_batch(self, indices: torch.Tensor) -> Any:
+        """The training samples at `indices`, on the worker's device."""
+
+    @abstractmethod
+    def loss(self, model: nn.Module, batch: Any) -> LossOutput:
+        """The summed loss of `batch` under `model`."""
+
+    @abstractmethod
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        """Metrics on a held-out split. Collective: every rank calls it and gets the same result."""
+
+    def eval_splits(self) -> list[str]:
+        """The held-out splits evaluated during training."""
+        return ["valid"]
+
+
+def move_to(batch: Any, device: torch.device) -> Any:
+    """Move every tensor in a (nested) batch to `device`."""
+    if isinstance(batch, torch.Tensor):
+        return batch.to(device, non_blocking=True)
+    if isinstance(batch, tuple | list):
+        return type(batch)(move_to(item, device) for item in batch)
+    if isinstance(batch, dict):
+        return {key: move_to(value, device) for key, value in batch.items()}
+    return batch
+
+
+def rank_slice(total: int, rank: int, world_size: int) -> slice:
+    """The contiguous part of `total` items owned by `rank`: sizes differ by at most one."""
+    base, extra = divmod(total, world_size)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))

@@ -1,0 +1,1 @@
+"""Classification: an MLP or any user module trained with cross-entropy."""

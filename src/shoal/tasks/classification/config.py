@@ -1,0 +1,128 @@
+"""`[task]` with `type = "classification"`: an MLP (or any module) trained with cross-entropy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+from pydantic import Field, ValidationInfo, model_validator
+
+from shoal.config.base import ConfigModel, ExistingFile
+
+
+class SyntheticDataConfig(ConfigModel):
+    """A deterministic synthetic problem: Gaussian clusters in a random subspace.
+
+    Each class is a few Gaussian clusters placed on the vertices of a hypercube in
+    `informative` dimensions, mixed by a random linear map into `features`
+    dimensions with some pure-noise features, and a fraction `noise` of labels is
+    flipped at random. A linear model cannot separate it; an MLP does well but not
+    perfectly, so accuracy means something.
+    """
+
+    source: Literal["synthetic"] = "synthetic"
+    samples: int = Field(10_000, ge=2, description="Number of samples (train + validation).")
+    features: int = Field(32, ge=1, description="Input dimensions.")
+    informative: int = Field(8, ge=1, description="Dimensions that carry the class signal.")
+    classes: int = Field(4, ge=2, description="Number of classes.")
+    clusters_per_class: int = Field(3, ge=1, description="Gaussian clusters per class.")
+    class_sep: float = Field(1.0, gt=0, description="Distance scale between clusters.")
+    noise: float = Field(0.05, ge=0, lt=1, description="Fraction of labels flipped at random.")
+    seed: int = Field(0, ge=0, description="Seed of the generator (the data, not the training).")
+    valid_fraction: float = Field(0.2, gt=0, lt=1, description="Share held out for validation.")
+
+    @model_validator(mode="after")
+    def _check(self) -> SyntheticDataConfig:
+        if self.informative > self.features:
+            raise ValueError(
+                f"informative ({self.informative}) cannot exceed features ({self.features})"
+            )
+        if self.classes * self.clusters_per_class > 2**self.informative:
+            raise ValueError(
+                f"classes * clusters_per_class ({self.classes * self.clusters_per_class}) "
+                f"exceeds the 2**informative = {2**self.informative} hypercube vertices"
+            )
+        return self
+
+
+class FileDataConfig(ConfigModel):
+    """Features and labels from a CSV (header row, numeric columns) or an NPZ file."""
+
+    source: Literal["file"] = "file"
+    path: ExistingFile = Field(..., description="CSV or NPZ file (relative to the config).")
+    valid_path: ExistingFile | None = Field(
+        None, description="Separate validation file; otherwise valid_fraction is held out."
+    )
+    valid_fraction: float = Field(
+        0.2, gt=0, lt=1, description="Share held out for validation when there is no valid_path."
+    )
+    label_column: str | None = Field(
+        None, description="CSV: name of the label column (default: the last column)."
+    )
+    features_key: str = Field("x", description="NPZ: name of the features array.")
+    labels_key: str = Field("y", description="NPZ: name of the labels array.")
+    split_seed: int = Field(0, ge=0, description="Seed of the train/validation split.")
+
+
+class PythonDataConfig(ConfigModel):
+    """A user's function `module:function` that returns the datasets (and optionally the model).
+
+    The function is called with `options` as keyword arguments and returns a dict
+    with `train` and optionally `valid` (torch Datasets of `(input, label)` pairs or
+    `(features, labels)` tensor pairs) and optionally `model` (any `nn.Module`
+    mapping a batch of inputs to logits). Without `model`, the `[task.model]` MLP is
+    built. The module is imported from the config's folder or the current directory.
+    """
+
+    source: Literal["python"] = "python"
+    factory: str = Field(
+        ...,
+        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        description="`package.module:function` returning the datasets and optionally the model.",
+    )
+    options: dict[str, Any] = Field(
+        default_factory=dict, description="Keyword arguments passed to the factory."
+    )
+    import_dir: str | None = Field(
+        None,
+        description="Folder the factory's module is imported from, before the current "
+        "directory (default: the config file's folder).",
+    )
+
+    @model_validator(mode="after")
+    def _resolve_import_dir(self, info: ValidationInfo) -> PythonDataConfig:
+        base = (info.context or {}).get("base_dir")
+        if self.import_dir is None:
+            self.import_dir = base
+        elif base is not None and not Path(self.import_dir).is_absolute():
+            self.import_dir = str((Path(base) / self.import_dir).resolve())
+        return self
+
+
+ClassificationDataConfig = Annotated[
+    SyntheticDataConfig | FileDataConfig | PythonDataConfig, Field(discriminator="source")
+]
+
+
+class MLPConfig(ConfigModel):
+    """A multi-layer perceptron: Linear layers with an activation and dropout between them."""
+
+    hidden: list[Annotated[int, Field(ge=1)]] = Field(
+        [128, 128], description="Widths of the hidden layers (empty: a linear model)."
+    )
+    activation: Literal["relu", "gelu", "tanh", "silu"] = Field(
+        "relu", description="Activation between layers."
+    )
+    dropout: float = Field(
+        0.0, ge=0, lt=1, description="Dropout probability after each hidden layer."
+    )
+
+
+class ClassificationTaskConfig(ConfigModel):
+    """Supervised classification with cross-entropy; reports loss and accuracy."""
+
+    type: Literal["classification"] = "classification"
+    data: ClassificationDataConfig = Field(
+        default_factory=SyntheticDataConfig, description="Where the samples come from."
+    )
+    model: MLPConfig = Field(default_factory=MLPConfig, description="The MLP to train.")

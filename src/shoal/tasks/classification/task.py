@@ -1,0 +1,94 @@
+"""The classification task: cross-entropy training, loss and accuracy on held-out data."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shoal.errors import ShoalError
+from shoal.runtime.collectives import all_reduce_sum
+from shoal.runtime.context import WorkerContext
+from shoal.tasks.base import LossOutput, Task, move_to, rank_slice
+from shoal.tasks.classification.config import (
+    ClassificationTaskConfig,
+    FileDataConfig,
+    PythonDataConfig,
+)
+from shoal.tasks.classification.data import (
+    ClassificationData,
+    call_factory,
+    load_files,
+    make_synthetic,
+)
+from shoal.tasks.classification.model import build_mlp
+from shoal.tasks.registry import TASKS
+
+
+def load_data(config: ClassificationTaskConfig) -> ClassificationData:
+    data = config.data
+    if isinstance(data, FileDataConfig):
+        return load_files(data)
+    if isinstance(data, PythonDataConfig):
+        dirs = [Path(data.import_dir)] if data.import_dir else []
+        return call_factory(data, [*dirs, Path.cwd()])
+    return make_synthetic(data)
+
+
+@TASKS.register("classification")
+class ClassificationTask(Task):
+    """Cross-entropy on (input, label) samples; reports loss and accuracy."""
+
+    primary_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        config = ctx.config.task
+        assert isinstance(config, ClassificationTaskConfig)
+        self.config = config
+        self.data = load_data(config)
+        if len(self.data.train) == 0:
+            raise ShoalError("task.data: the training set is empty")
+
+    @property
+    def train_size(self) -> int:
+        return len(self.data.train)
+
+    def build_model(self) -> nn.Module:
+        if self.data.model is not None:
+            return self.data.model
+        return build_mlp(self.config.model, self.data.input_features(), self.data.classes())
+
+    def train_batch(self, indices: torch.Tensor) -> Any:
+        return move_to(self.data.train.fetch(indices), self.ctx.device)
+
+    def loss(self, model: nn.Module, batch: Any) -> LossOutput:
+        inputs, labels = batch
+        logits = model(inputs)
+        loss_sum = F.cross_entropy(logits, labels, reduction="sum")
+        correct = (logits.detach().argmax(dim=1) == labels).sum()
+        return LossOutput(loss_sum, int(labels.shape[0]), {"accuracy": correct})
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        samples = self.data.valid
+        if samples is None or split != "valid":
+            return {}
+        was_training = model.training
+        model.eval()
+        part = rank_slice(len(samples), self.ctx.rank, self.ctx.world_size)
+        batch_size = self.ctx.config.train.eval_batch_size or self.ctx.config.train.batch_size
+        loss_sum, correct, count = 0.0, 0.0, 0.0
+        for start in range(part.start, part.stop, batch_size):
+            indices = torch.arange(start, min(start + batch_size, part.stop))
+            inputs, labels = move_to(samples.fetch(indices), self.ctx.device)
+            logits = model(inputs)
+            loss_sum += float(F.cross_entropy(logits, labels, reduction="sum"))
+            correct += float((logits.argmax(dim=1) == labels).sum())
+            count += len(indices)
+        model.train(was_training)
+        loss_sum, correct, count = all_reduce_sum(self.ctx, [loss_sum, correct, count])
+        return {"loss": loss_sum / max(count, 1), "accuracy": correct / max(count, 1)}

@@ -1,0 +1,1 @@
+"""The shared training loop: batching, optimizer and schedule, steps, evaluation, checkpoints."""

@@ -1,0 +1,32 @@
+"""Where a run stands: the data position and totals saved in every checkpoint."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass
+class TrainProgress:
+    """The data position (epoch, step within it) and running totals of a run.
+
+    Everything needed, with the RNG states, to continue exactly where a checkpoint
+    was taken: the batches of an epoch are a function of (seed, epoch), so
+    (epoch, step_in_epoch) locates the next batch.
+    """
+
+    epoch: int = 0
+    step_in_epoch: int = 0
+    global_step: int = 0
+    samples_seen: int = 0
+    train_time_s: float = 0.0
+    compute_time_s: float = 0.0
+    comm_time_s: float = 0.0
+
+    def state_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key, value in state.items():
+            if hasattr(self, key):
+                setattr(self, key, value)

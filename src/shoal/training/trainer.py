@@ -1,0 +1,346 @@
+"""The shared training loop every synchronous strategy runs.
+
+One loop, with the strategy's :class:`GradientSync` as its only distributed
+piece: the trainer picks each step's global batch, takes this rank's slice,
+runs forward/backward per micro-batch, lets the sync combine gradients, clips
+by the global norm, steps the optimizer and schedule, and around that logs,
+evaluates and checkpoints. A checkpoint holds the model, optimizer, schedule,
+strategy state, data position and every rank's RNG state, so a resumed run on
+CPU ends bit-identical to one that never stopped.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from shoal.checkpoint.atomic import atomic_write_json
+from shoal.checkpoint.manager import CheckpointManager, load_checkpoint
+from shoal.config import dump_config
+from shoal.errors import ShoalError
+from shoal.monitor.metrics import MetricsLog
+from shoal.monitor.progress import ProgressReporter
+from shoal.runtime.context import WorkerContext
+from shoal.runtime.rng import restore_rng, seed_everything, worker_seed
+from shoal.strategies.base import Strategy
+from shoal.tasks.base import LossOutput, Task
+from shoal.training.batching import EpochPlan, local_share, micro_batches, steps_per_epoch
+from shoal.training.meter import IntervalMeter, StepStats
+from shoal.training.optim import WarmupDecay, build_optimizer, build_scheduler
+from shoal.training.state import TrainProgress
+
+INJECTED_EXIT_CODE = 17
+
+
+class InjectedFault(RuntimeError):
+    """Raised by `[faults.inject] kind = "raise"`."""
+
+
+class Trainer:
+    def __init__(self, ctx: WorkerContext, task: Task, strategy: Strategy) -> None:
+        self.ctx = ctx
+        self.task = task
+        self.strategy = strategy
+        self.train = ctx.config.train
+        self.progress = TrainProgress()
+        self.last_eval: dict[str, dict[str, float]] = {}
+        self.last_train: dict[str, float] = {}
+        self.last_checkpoint: Path | None = None
+        self._saved_step = -1
+        self._evaluated_step = -1
+
+    # ---------------------------------------------------------------- setup
+    def _build(self) -> None:
+        ctx, train = self.ctx, self.train
+        seed_everything(train.seed)  # identical initial parameters on every rank
+        self.model = self.task.build_model().to(ctx.device)
+        self.sync = self.strategy.attach(self.model)
+        self.optimizer = build_optimizer(self.model.parameters(), train.optimizer)
+        self.steps_per_epoch = steps_per_epoch(
+            self.task.train_size, train.batch_size, train.drop_last
+        )
+        if self.steps_per_epoch == 0:
+            raise ShoalError(
+                f"train.batch_size ({train.batch_size}) exceeds the {self.task.train_size} "
+                "training samples and drop_last = true: no step would run"
+            )
+        self.total_steps = self._total_steps()
+        self.scheduler = build_scheduler(self.optimizer, train, self.total_steps)
+        self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
+        if ctx.resume_from:
+            self._restore(Path(ctx.resume_from))
+        else:
+            seed_everything(worker_seed(train.seed, ctx.rank))
+
+    def _total_steps(self) -> int:
+        limits = []
+        if self.train.epochs is not None:
+            limits.append(self.train.epochs * self.steps_per_epoch)
+        if self.train.max_steps is not None:
+            limits.append(self.train.max_steps)
+        return min(limits)
+
+    def _done(self) -> bool:
+        p = self.progress
+        return p.global_step >= self.total_steps or (
+            self.train.epochs is not None and p.epoch >= self.train.epochs
+        )
+
+    # ---------------------------------------------------------------- the loop
+    def fit(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        self._build()
+        ctx = self.ctx
+        self.metrics = MetricsLog(ctx.paths.metrics, enabled=ctx.is_main)
+        self.reporter = ProgressReporter(
+            ctx.config.monitor.progress, ctx.is_main, self.total_steps, self.train.epochs
+        )
+        ctx.log.info(
+            "training %s with %s: %d samples, %d steps/epoch, %d steps in all",
+            ctx.config.task.type,
+            self.strategy.describe(),
+            self.task.train_size,
+            self.steps_per_epoch,
+            self.total_steps,
+        )
+        try:
+            self._loop()
+        finally:
+            self.reporter.close()
+            self.metrics.close()
+        return self._finish(time.perf_counter() - started)
+
+    def _loop(self) -> None:
+        train, p = self.train, self.progress
+        log_every = self.ctx.config.monitor.log_every_steps
+        every_steps = self.ctx.config.checkpoint.every_steps
+        meter = IntervalMeter()
+        self.reporter.start(p.global_step)
+        self._session_start = time.perf_counter()
+        self._time_base = p.train_time_s
+        self.model.train()
+        while not self._done():
+            plan = EpochPlan(
+                self.task.train_size,
+                train.batch_size,
+                p.epoch,
+                train.seed,
+                train.shuffle,
+                train.drop_last,
+            )
+            while p.step_in_epoch < plan.num_steps and not self._done():
+                self._maybe_inject_fault()
+                batch = plan.global_batch(p.step_in_epoch)
+                stats = self._step(batch)
+                p.step_in_epoch += 1
+                p.global_step += 1
+                p.samples_seen += len(batch)
+                p.compute_time_s += stats.compute_s
+                p.comm_time_s += stats.comm_s
+                meter.add(stats)
+                if self.ctx.heartbeat is not None:
+                    self.ctx.heartbeat.beat(p.global_step)
+                if p.global_step % log_every == 0:
+                    self._log_interval(meter)
+                    meter = IntervalMeter()
+                else:
+                    self.reporter.update(p.global_step, p.epoch)
+                if every_steps and p.global_step % every_steps == 0:
+                    self._save()
+            if p.step_in_epoch >= plan.num_steps:
+                p.epoch += 1
+                p.step_in_epoch = 0
+                self._end_of_epoch()
+        if meter.steps:
+            self._log_interval(meter)
+        if self._evaluated_step != p.global_step:
+            self._evaluate()
+        if self.ctx.config.checkpoint.at_end and self._saved_step != p.global_step:
+            self._save()
+
+    def _end_of_epoch(self) -> None:
+        epoch = self.progress.epoch
+        every_eval = self.train.eval_every_epochs
+        if every_eval and epoch % every_eval == 0:
+            self._evaluate()
+        every_ckpt = self.ctx.config.checkpoint.every_epochs
+        if every_ckpt and epoch % every_ckpt == 0:
+            self._save()
+
+    # ---------------------------------------------------------------- one step
+    def _step(self, global_batch: torch.Tensor) -> StepStats:
+        """One optimizer step on this rank's slice of `global_batch`."""
+        ctx = self.ctx
+        started = time.perf_counter()
+        local = local_share(global_batch, ctx.rank, ctx.world_size)
+        scale = 1.0 / len(global_batch)
+        self.sync.zero_grad()
+        self.sync.begin_step()
+        loss_sum = torch.zeros((), device=ctx.device)
+        sums: dict[str, torch.Tensor] = {}
+        parts = micro_batches(local, self.train.micro_batches)
+        for index, part in enumerate(parts):
+            with self.sync.accumulate(last=index == len(parts) - 1):
+                if len(part) == 0:
+                    continue
+                out: LossOutput = self.task.loss(self.model, self.task.train_batch(part))
+                (out.loss_sum * scale).backward()
+            loss_sum += out.loss_sum.detach()
+            for name, value in out.sums.items():
+                sums[name] = sums.get(name, 0) + value.detach()
+        comm_s = self.sync.finish()
+        if self.train.grad_clip_norm is not None:
+            # after the sync every rank holds the global gradient, so this is the global norm
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        wall = time.perf_counter() - started
+        return StepStats(loss_sum, len(local), sums, wall - comm_s, comm_s, wall)
+
+    # ---------------------------------------------------------------- reporting
+    def _log_interval(self, meter: IntervalMeter) -> None:
+        metrics = meter.reduce(self.ctx)
+        p = self.progress
+        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        self.last_train = {
+            k.removeprefix("train_"): v
+            for k, v in metrics.items()
+            if k == "loss" or k.startswith("train_")
+        }
+        self.metrics.write({"event": "train", "step": p.global_step, "epoch": p.epoch, **metrics})
+        self.reporter.update(p.global_step, p.epoch, metrics)
+
+    def _evaluate(self) -> None:
+        p = self.progress
+        for split in self.task.eval_splits():
+            metrics = self.task.evaluate(self.model, split)
+            if not metrics:
+                continue
+            self.last_eval[split] = metrics
+            self.metrics.write(
+                {
+                    "event": "eval",
+                    "split": split,
+                    "step": p.global_step,
+                    "epoch": p.epoch,
+                    **metrics,
+                }
+            )
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            self.reporter.note(f"step {p.global_step} epoch {p.epoch} {split}: {shown}")
+            self.ctx.log.info("eval %s at step %d: %s", split, p.global_step, shown)
+        self._evaluated_step = p.global_step
+
+    # ---------------------------------------------------------------- checkpoints
+    def _sync_time(self) -> None:
+        self.progress.train_time_s = self._time_base + time.perf_counter() - self._session_start
+
+    def _save(self) -> None:
+        ctx, p = self.ctx, self.progress
+        self._sync_time()
+        state: dict[str, Any] = {}
+        if ctx.is_main:
+            state = {
+                "model": self.model.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict(),
+                "progress": p.state_dict(),
+                "strategy": self.strategy.state_dict(),
+                "config": dump_config(ctx.config),
+            }
+        meta = {
+            "epoch": p.epoch,
+            "step_in_epoch": p.step_in_epoch,
+            "strategy": ctx.config.strategy.type,
+            "task": ctx.config.task.type,
+        }
+        path = self.checkpoints.save(p.global_step, state, meta)
+        self._saved_step = p.global_step
+        if path is not None:
+            self.last_checkpoint = path
+            self.metrics.write({"event": "checkpoint", "step": p.global_step, "path": str(path)})
+            ctx.log.info("checkpoint written: %s", path)
+
+    def _restore(self, path: Path) -> None:
+        ctx = self.ctx
+        state, meta = load_checkpoint(path)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        # the schedule follows the current config (a resumed run may have been extended)
+        self.scheduler.lr_lambdas[0] = WarmupDecay(
+            self.train.warmup_steps, self.total_steps, self.train.lr_decay, self.train.min_lr_ratio
+        )
+        self.progress.load_state_dict(state["progress"])
+        self.strategy.load_state_dict(state.get("strategy", {}))
+        self._saved_step = self.progress.global_step
+        self.last_checkpoint = path
+        rng = state["rng"]
+        if len(rng) == ctx.world_size:
+            restore_rng(bytes(rng[ctx.rank].numpy().tobytes()))
+        else:
+            ctx.log.warning(
+                "resuming with %d workers from a checkpoint of %d: training continues correctly "
+                "but random draws differ from an uninterrupted run",
+                ctx.world_size,
+                len(rng),
+            )
+            seed_everything(worker_seed(self.train.seed + self.progress.global_step, ctx.rank))
+        ctx.log.info("resumed from %s at step %d (epoch %d)", path, meta["step"], meta["epoch"])
+
+    def _maybe_inject_fault(self) -> None:
+        """`[faults.inject]`: break this rank on purpose. A resumed run is never broken again,
+        so a run failed on purpose can be resumed (which is what the tests of resume do)."""
+        fault = self.ctx.config.faults.inject
+        step = self.progress.global_step
+        if (
+            fault is None
+            or self.ctx.resume_from
+            or fault.rank != self.ctx.rank
+            or fault.step != step
+        ):
+            return
+        self.ctx.log.error("fault injection: %s at step %d", fault.kind, step)
+        if fault.kind == "raise":
+            raise InjectedFault(f"injected fault at step {step}")
+        if fault.kind == "exit":
+            for handler in self.ctx.log.handlers:
+                handler.flush()
+            os._exit(INJECTED_EXIT_CODE)
+        if self.ctx.heartbeat is not None:
+            self.ctx.heartbeat.stop()
+        while True:  # kind == "hang": a frozen worker, as far as anyone can tell
+            time.sleep(3600)
+
+    # ---------------------------------------------------------------- results
+    def _finish(self, wall_s: float) -> dict[str, Any]:
+        ctx, p = self.ctx, self.progress
+        self._sync_time()
+        session_train_s = time.perf_counter() - self._session_start
+        results: dict[str, Any] = {
+            "status": "completed",
+            "run_dir": str(ctx.paths.root),
+            "task": ctx.config.task.type,
+            "strategy": ctx.config.strategy.type,
+            "strategy_detail": self.strategy.describe(),
+            "world_size": ctx.world_size,
+            "epochs": p.epoch,
+            "steps": p.global_step,
+            "samples": p.samples_seen,
+            "wall_time_s": wall_s,
+            "train_time_s": p.train_time_s,
+            "samples_per_s": p.samples_seen / p.train_time_s if p.train_time_s else 0.0,
+            "session_train_time_s": session_train_s,
+            "time_s": {"compute": p.compute_time_s, "communication": p.comm_time_s},
+            "gradient_bytes_per_step": self.sync.bytes_per_step(),
+            "train": self.last_train,
+            **self.last_eval,
+            "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+        }
+        if ctx.is_main:
+            atomic_write_json(ctx.paths.results, results)
+        return results
