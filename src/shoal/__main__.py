@@ -1,7 +1,5 @@
 """`python -m shoal` (and so `torchrun -m shoal train job.toml`)."""
 
-import sys
+from shoal.cli.main import entry
 
-from shoal.cli.main import main
-
-sys.exit(main())
+entry()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -22,8 +23,8 @@ def _train(args: argparse.Namespace) -> int:
     from shoal.monitor.summary import print_summary
 
     results = train(args.config, workers=args.workers, overrides=args.set, resume=args.resume)
-    if launched_by_torchrun() and results.get("world_size") and not _is_rank_zero():
-        return EXIT_OK
+    if launched_by_torchrun() and os.environ.get("RANK", "0") != "0":
+        return EXIT_OK  # rank 0 prints the summary
     console = Console()
     print_summary(results, console)
     valid = results.get("valid") or {}
@@ -32,12 +33,6 @@ def _train(args: argparse.Namespace) -> int:
         console.print(f"final valid: {final}")
     console.print(f"run directory: {results['run_dir']}")
     return EXIT_OK
-
-
-def _is_rank_zero() -> bool:
-    import os
-
-    return os.environ.get("RANK", "0") == "0"
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -115,5 +110,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
 
 
+def entry() -> None:
+    """The `shoal` command and `python -m shoal`."""
+    from shoal.launch.process_group import exit_process, launched_by_torchrun
+
+    code = main()
+    if launched_by_torchrun():
+        exit_process(code)  # a torchrun worker: see exit_process for why it skips finalization
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

@@ -8,7 +8,7 @@ unknown keys rejected, and every field documented where it is declared, so that
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo
 
@@ -38,3 +38,14 @@ def _resolve_existing_file(value: str, info: ValidationInfo) -> str:
 
 ExistingFile = Annotated[str, AfterValidator(_resolve_existing_file)]
 """A path to an existing file, relative paths taken from the config's folder."""
+
+
+def fill_default_tag(data: Any, field: str, tag: str, default: str) -> Any:
+    """Let a table that omits its discriminator mean the default variant.
+
+    `optimizer = { lr = 0.1 }` is an SGD optimizer, `[task.data]` with only
+    `samples = ...` is the synthetic source: the variant the field defaults to.
+    """
+    if isinstance(data, dict) and isinstance(data.get(field), dict) and tag not in data[field]:
+        return {**data, field: {tag: default, **data[field]}}
+    return data

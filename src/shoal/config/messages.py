@@ -12,7 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from shoal.config.schema_walk import model_at
+from shoal.config.schema_walk import model_at, union_tags
 
 _HEADER = re.compile(r"^\s*\[\[?\s*([^\]\[]+?)\s*\]\]?\s*(#.*)?$")
 _KEY = re.compile(
@@ -61,13 +61,17 @@ def _describe(value: Any) -> str:
     return f"{shown} ({kind})"
 
 
-def _clean_path(loc: Sequence[str | int], data: Any) -> list[str | int]:
+def _clean_path(loc: Sequence[str | int], data: Any, root: type[BaseModel]) -> list[str | int]:
     """Drop the union tags pydantic puts in locations (strategy.data_parallel.x -> strategy.x)."""
     path: list[str | int] = []
     node = data
     for part in loc:
         if isinstance(node, dict):
-            if isinstance(part, str) and part not in node and part in node.values():
+            if (
+                isinstance(part, str)
+                and part not in node
+                and (part in node.values() or part in union_tags(root, path, data))
+            ):
                 continue
             path.append(part)
             node = node.get(part) if isinstance(part, str) else None
@@ -104,7 +108,7 @@ def _message(error: Any, path: list[str | int], root: type[BaseModel], data: Any
         hint = f"did you mean '{close[0]}'? " if close else ""
         return f"unknown key; {hint}allowed here: {', '.join(allowed)}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
-        expected = ctx.get("expected_tags", "").replace("'", "")
+        expected = ", ".join(union_tags(root, path[:-1], data))
         if kind == "union_tag_not_found":
             return f"required, but missing; choose one of: {expected}"
         return f"unknown value {ctx.get('tag')!r}; choose one of: {expected}"
@@ -118,7 +122,7 @@ def _message(error: Any, path: list[str | int], root: type[BaseModel], data: Any
     }
     if kind in bounds:
         symbol, key = bounds[kind]
-        return f"must be {symbol} {ctx.get(key)}, got {value!r}"
+        return f"must be {symbol} {ctx.get(key):g}, got {value!r}"
     types_ = {
         "int_type": "an integer",
         "int_from_float": "a whole number",
@@ -155,7 +159,7 @@ def format_errors(
     key_lines = locate_keys(text) if text else {}
     out: list[str] = []
     for item in error.errors(include_url=False):
-        path = _clean_path(item["loc"], data)
+        path = _clean_path(item["loc"], data, root)
         kind = item["type"]
         if kind in ("union_tag_invalid", "union_tag_not_found"):
             discriminator = str((item.get("ctx") or {}).get("discriminator", "type")).strip("'")

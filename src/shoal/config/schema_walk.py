@@ -57,6 +57,16 @@ def choose_model(annotation: Any, value: Any, default: Any = None) -> type[BaseM
     return None
 
 
+def union_tags(root: type[BaseModel], path: Sequence[str | int], data: Any) -> list[str]:
+    """The discriminator values a union field at `path` accepts, in declaration order."""
+    names = [p for p in path if isinstance(p, str)]
+    if len(names) != len(path) or not names:
+        return []
+    annotation = annotation_at(root, names, data)
+    tags = [_tag_of(m) for m in _models(annotation)]
+    return [str(t[1]) for t in tags if t is not None]
+
+
 def model_at(root: type[BaseModel], path: Sequence[str | int], data: Any) -> type[BaseModel] | None:
     """The config model that holds the keys at `path` (a table), or None."""
     model: type[BaseModel] | None = root

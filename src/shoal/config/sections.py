@@ -12,9 +12,9 @@ from shoal.config.base import ConfigModel
 class CheckpointConfig(ConfigModel):
     """When checkpoints are written and how many are kept."""
 
-    every_steps: int | None = Field(None, ge=1, description="Write a checkpoint every N steps.")
-    every_epochs: int | None = Field(
-        1, ge=1, description="Write a checkpoint at the end of every N-th epoch."
+    every_steps: int = Field(0, ge=0, description="Write a checkpoint every N steps (0: never).")
+    every_epochs: int = Field(
+        1, ge=0, description="Write a checkpoint at the end of every N-th epoch (0: never)."
     )
     keep_last: int = Field(3, ge=1, description="Keep the newest K checkpoints; older are deleted.")
     at_end: bool = Field(True, description="Write a checkpoint when training ends.")

@@ -6,11 +6,11 @@ is a config that runs.
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel
+from shoal.config.base import ConfigModel, fill_default_tag
 
 
 class LocalStrategyConfig(ConfigModel):
@@ -49,8 +49,14 @@ class DataParallelStrategyConfig(ConfigModel):
         True, description="Copy rank 0's buffers (e.g. batch-norm statistics) every step."
     )
     aggregation: AggregationConfig = Field(
-        default_factory=NativeAggregationConfig, description="How gradients are combined."
+        default_factory=NativeAggregationConfig,
+        description="How gradients are combined: method = native (the default).",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_method(cls, data: Any) -> Any:
+        return fill_default_tag(data, "aggregation", "method", "native")
 
 
 StrategyConfig = Annotated[

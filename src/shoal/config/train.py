@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel
+from shoal.config.base import ConfigModel, fill_default_tag
 
 
 class SGDConfig(ConfigModel):
@@ -94,7 +94,8 @@ class TrainConfig(ConfigModel):
         False, description="Drop the last, smaller batch of each epoch instead of training on it."
     )
     optimizer: OptimizerConfig = Field(
-        default_factory=SGDConfig, description="Optimizer: kind = sgd | adam | adamw | adagrad."
+        default_factory=SGDConfig,
+        description="Optimizer: kind = sgd (the default) | adam | adamw | adagrad.",
     )
     warmup_steps: int = Field(
         0, ge=0, description="Linear learning-rate warm-up from 0 over this many steps."
@@ -112,6 +113,11 @@ class TrainConfig(ConfigModel):
         1, ge=0, description="Evaluate on the held-out split every N epochs (0: only at the end)."
     )
     seed: int = Field(0, ge=0, description="Seed for model initialization, shuffling and dropout.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kind(cls, data: Any) -> Any:
+        return fill_default_tag(data, "optimizer", "kind", "sgd")
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -55,6 +55,7 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
     if device.type == "cpu":
         set_cpu_threads(config.run, local_world_size)
     init_process_group(backend, rank, world_size, config.faults.timeout_s, device=device)
+    failed = False
     try:
         peers = _Peers(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
         root = plan.run_root
@@ -84,12 +85,14 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
             resume_from=plan.resume_from,
         )
         try:
-            return run_job(ctx)
+            results = run_job(ctx)
         except Exception as exc:
+            failed = True
             log.exception("rank %d failed", rank)
             write_report(paths.error_file(rank), rank, -1, exc)
             raise
         finally:
             close_logger(log)
+        return results
     finally:
-        shutdown_process_group()
+        shutdown_process_group(graceful=not failed)

@@ -78,11 +78,35 @@ def init_process_group(
         )
 
 
-def shutdown_process_group() -> None:
+def shutdown_process_group(graceful: bool = True) -> None:
+    """Leave the process group; `graceful` first waits until every rank is done.
+
+    The barrier makes sure no collective is still in flight in the backend's
+    threads when the group is destroyed. After a failure peers may be gone, so
+    nothing is waited for then.
+    """
     if dist.is_available() and dist.is_initialized():
-        # peers may already be gone; nothing is left to release cleanly then
         with contextlib.suppress(Exception):
+            if graceful:
+                dist.barrier()
             dist.destroy_process_group()
+
+
+def exit_process(code: int) -> None:
+    """End a worker process without running interpreter finalization.
+
+    gloo's worker threads can still be releasing a finished collective's tensors
+    when the interpreter shuts down; they then need the GIL, CPython ends them,
+    and the process aborts (std::terminate) although training succeeded. A
+    dedicated worker has nothing left to finalize once its files are closed, so it
+    leaves like a `multiprocessing` child does: flush, then `os._exit`.
+    """
+    import sys
+
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(code)
 
 
 def set_cpu_threads(run: RunConfig, local_world_size: int) -> int:

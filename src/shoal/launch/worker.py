@@ -13,7 +13,6 @@ import datetime
 import logging
 import os
 import signal
-import sys
 from pathlib import Path
 
 import torch.distributed as dist
@@ -23,6 +22,7 @@ from shoal.errors import EXIT_FAILURE, ShoalError
 from shoal.launch.job import run_job
 from shoal.launch.process_group import (
     LAUNCHER_ENV,
+    exit_process,
     init_process_group,
     pick_backend,
     pick_device,
@@ -62,6 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     paths = RunPaths(Path(args.run_dir))
     log = worker_logger(rank, paths.log_file(rank))
     heartbeat: Heartbeat | None = None
+    failed = False
     try:
         config = load_config(paths.config)
         faults = config.faults
@@ -98,8 +99,10 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     except KeyboardInterrupt:
         log.error("interrupted")
+        failed = True
         return 130
     except Exception as exc:
+        failed = True
         step = heartbeat.step if heartbeat is not None else -1
         if isinstance(exc, ShoalError):
             log.error("%s", exc)
@@ -108,12 +111,12 @@ def main(argv: list[str] | None = None) -> int:
         write_report(paths.error_file(rank), rank, step, exc)
         return exc.exit_code if isinstance(exc, ShoalError) else EXIT_FAILURE
     finally:
+        shutdown_process_group(graceful=not failed)
         if heartbeat is not None:
-            heartbeat.stop()
-        shutdown_process_group()
+            heartbeat.close()
         logging.shutdown()
         close_logger(log)
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_process(main())

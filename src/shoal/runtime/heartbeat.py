@@ -55,6 +55,17 @@ class Heartbeat:
         """Stop reporting (also how an injected 'hang' fault makes a worker look frozen)."""
         self._stop.set()
 
+    def close(self) -> None:
+        """Stop, wait for the thread, and release the store connection before the process exits.
+
+        The store client is a C++ object: freeing it from interpreter finalization,
+        while the thread may still be inside a call, can abort the process.
+        """
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._interval + 5.0)
+        self._store = None  # type: ignore[assignment]
+
 
 def read_heartbeat(store: dist.Store, rank: int) -> tuple[float, int] | None:
     """(wall time, step) of a rank's last heartbeat, or None before its first."""

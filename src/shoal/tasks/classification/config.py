@@ -7,7 +7,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, ValidationInfo, model_validator
 
-from shoal.config.base import ConfigModel, ExistingFile
+from shoal.config.base import ConfigModel, ExistingFile, fill_default_tag
 
 
 class SyntheticDataConfig(ConfigModel):
@@ -123,6 +123,12 @@ class ClassificationTaskConfig(ConfigModel):
 
     type: Literal["classification"] = "classification"
     data: ClassificationDataConfig = Field(
-        default_factory=SyntheticDataConfig, description="Where the samples come from."
+        default_factory=SyntheticDataConfig,
+        description="Where the samples come from: source = synthetic (the default) | file | python.",
     )
     model: MLPConfig = Field(default_factory=MLPConfig, description="The MLP to train.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_source(cls, data: Any) -> Any:
+        return fill_default_tag(data, "data", "source", "synthetic")

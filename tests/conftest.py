@@ -1,0 +1,78 @@
+"""Shared helpers: small job configs, running the CLI, reading a run's final state."""
+
+from __future__ import annotations
+
+import copy
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def small_job(run_dir: Path, **sections: Any) -> dict[str, Any]:
+    """A tiny classification job (a second or two of training), sections overridable."""
+    config: dict[str, Any] = {
+        "task": {
+            "type": "classification",
+            "data": {
+                "source": "synthetic",
+                "samples": 500,
+                "features": 10,
+                "informative": 5,
+                "classes": 3,
+                "seed": 1,
+            },
+            "model": {"hidden": [16, 16]},
+        },
+        "strategy": {"type": "local"},
+        "train": {
+            "epochs": 2,
+            "batch_size": 31,
+            "seed": 3,
+            "optimizer": {"kind": "sgd", "lr": 0.1, "momentum": 0.9},
+        },
+        "checkpoint": {"every_epochs": 0},
+        "run": {"dir": str(run_dir)},
+        "monitor": {"progress": "off"},
+    }
+    for name, value in sections.items():
+        if isinstance(value, dict) and isinstance(config.get(name), dict):
+            merged = copy.deepcopy(config[name])
+            merged.update(value)
+            config[name] = merged
+        else:
+            config[name] = value
+    return config
+
+
+def data_parallel(workers: int) -> dict[str, Any]:
+    return {"type": "data_parallel", "num_replicas": workers}
+
+
+def final_state(results: dict[str, Any]) -> dict[str, Any]:
+    """The checkpoint a run ended with (model, optimizer, progress, ...)."""
+    return torch.load(Path(results["checkpoint"]) / "state.pt", weights_only=True)
+
+
+def run_shoal(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`python -m shoal ARGS` in a fresh process, as a user runs it."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    return subprocess.run(
+        [sys.executable, "-m", "shoal", *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    return tmp_path / "runs"

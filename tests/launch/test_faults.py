@@ -1,0 +1,73 @@
+"""A worker that raises, exits or hangs ends the job within seconds, naming the rank."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import run_shoal
+
+JOB = """
+[task]
+type = "classification"
+[task.data]
+samples = 4000
+[train]
+epochs = 50
+batch_size = 64
+[strategy]
+type = "data_parallel"
+num_replicas = {workers}
+[monitor]
+progress = "off"
+[faults]
+heartbeat_timeout_s = 3
+[faults.inject]
+rank = {rank}
+step = 5
+kind = "{kind}"
+"""
+
+
+@pytest.mark.parametrize(
+    ("kind", "workers", "rank", "expected"),
+    [
+        ("raise", 2, 1, "rank 1 failed at step 5: InjectedFault: injected fault at step 5"),
+        ("exit", 3, 2, "rank 2 exited with code 17 without an error report"),
+        ("hang", 2, 0, "rank 0 stopped responding: no heartbeat for"),
+    ],
+)
+def test_failed_worker_ends_the_job_naming_its_rank(
+    tmp_path: Path, kind: str, workers: int, rank: int, expected: str
+) -> None:
+    (tmp_path / "job.toml").write_text(JOB.format(kind=kind, workers=workers, rank=rank))
+    started = time.monotonic()
+    done = run_shoal("train", "job.toml", cwd=tmp_path, timeout=60)
+    elapsed = time.monotonic() - started
+    assert done.returncode == 1
+    assert elapsed < 30
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith(expected)
+    assert f"logs/rank-{rank}.log" in lines[0]
+    assert "Traceback" not in done.stderr
+    left = subprocess.run(
+        ["pgrep", "-f", f"shoal.launch.worker --run-dir {tmp_path}"], capture_output=True
+    )
+    assert left.stdout == b"", "no worker outlives the job"
+
+
+def test_user_error_in_workers_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "data.csv").write_text("a,b,label\n1,2,0\n3,x,1\n")
+    (tmp_path / "job.toml").write_text(
+        '[task]\ntype = "classification"\n[task.data]\nsource = "file"\npath = "data.csv"\n'
+        '[train]\nepochs = 1\nbatch_size = 2\n[strategy]\ntype = "data_parallel"\n'
+    )
+    done = run_shoal("train", "job.toml", cwd=tmp_path, timeout=60)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines() == [
+        f"{tmp_path / 'data.csv'}:3: column 'b': not a number: 'x'"
+    ]

@@ -1,0 +1,90 @@
+"""Data-parallel training reproduces one process: the backbone of distributed correctness.
+
+With a global batch of 31 (3 workers get 11/10/10 samples, 2 get 16/15, and the
+epoch's last batch of 28 splits unevenly too), N workers must end where one
+process ends, up to float rounding.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+import shoal
+from tests.conftest import data_parallel, final_state, small_job
+
+OPTIMIZERS = {
+    "sgd-momentum": {"kind": "sgd", "lr": 0.1, "momentum": 0.9},
+    "adam": {"kind": "adam", "lr": 0.01},
+}
+
+
+def _assert_close(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-6, msg=name)
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, torch.Tensor]]:
+    runs = tmp_path_factory.mktemp("reference")
+    out = {}
+    for name, optimizer in OPTIMIZERS.items():
+        results = shoal.train(small_job(runs, train={"optimizer": optimizer}))
+        assert results["steps"] == 26  # 2 epochs x ceil(400 / 31) steps: well over 20
+        out[name] = final_state(results)["model"]
+    return out
+
+
+@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
+def test_n_workers_reproduce_one_process(
+    runs: Path, reference: dict[str, dict[str, torch.Tensor]], optimizer: str, workers: int
+) -> None:
+    job = small_job(
+        runs, strategy=data_parallel(workers), train={"optimizer": OPTIMIZERS[optimizer]}
+    )
+    results = shoal.train(job)
+    assert results["world_size"] == workers
+    assert results["steps"] == 26
+    _assert_close(final_state(results)["model"], reference[optimizer])
+
+
+def test_micro_batches_and_global_norm_clipping(runs: Path) -> None:
+    """3 workers x 3 micro-batches with clipping == 1 process with clipping, no micro-batches.
+
+    The clip threshold is small enough to clip every step, so a per-worker (local)
+    norm would give a different result.
+    """
+    train = {"grad_clip_norm": 0.05, "optimizer": OPTIMIZERS["sgd-momentum"]}
+    local = shoal.train(small_job(runs, train=train))
+    spread = shoal.train(
+        small_job(runs, strategy=data_parallel(3), train={**train, "micro_batches": 3})
+    )
+    _assert_close(final_state(spread)["model"], final_state(local)["model"])
+
+
+def test_broadcast_buffers_keep_replicas_identical(runs: Path, tmp_path: Path) -> None:
+    """A model with batch-norm: buffers come from rank 0, so all replicas stay identical."""
+    (tmp_path / "bn_model.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "def build(samples=200):\n"
+        "    g = torch.Generator().manual_seed(0)\n"
+        "    x = torch.randn(samples, 6, generator=g)\n"
+        "    y = (x[:, 0] > 0).long()\n"
+        "    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))\n"
+        "    return {'model': model, 'train': (x[:160], y[:160]), 'valid': (x[160:], y[160:])}\n"
+    )
+    task = {
+        "type": "classification",
+        "data": {"source": "python", "factory": "bn_model:build", "import_dir": str(tmp_path)},
+    }
+    results = shoal.train(
+        small_job(runs, task=task, strategy=data_parallel(2), train={"batch_size": 32})
+    )
+    state = final_state(results)["model"]
+    assert state["1.num_batches_tracked"].item() == results["steps"]
+    assert results["valid"]["accuracy"] > 0.8

@@ -1,0 +1,62 @@
+"""Data sharding and the learning-rate schedule."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from shoal.training.batching import EpochPlan, local_share, micro_batches, steps_per_epoch
+from shoal.training.optim import WarmupDecay
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
+@pytest.mark.parametrize(("samples", "batch"), [(100, 10), (101, 7), (13, 20), (9, 4)])
+def test_every_sample_exactly_once_per_epoch(world_size: int, samples: int, batch: int) -> None:
+    plan = EpochPlan(samples, batch, epoch=2, seed=5)
+    seen: list[int] = []
+    for step in range(plan.num_steps):
+        global_batch = plan.global_batch(step)
+        shares = [local_share(global_batch, r, world_size) for r in range(world_size)]
+        sizes = [len(s) for s in shares]
+        assert max(sizes) - min(sizes) <= 1, "shares differ by at most one sample"
+        assert torch.equal(torch.cat(shares), global_batch), "shares tile the global batch in order"
+        seen += torch.cat(shares).tolist()
+    assert sorted(seen) == list(range(samples))
+
+
+def test_global_batches_depend_on_seed_and_epoch_not_world_size() -> None:
+    a = EpochPlan(50, 8, epoch=0, seed=1)
+    assert torch.equal(a.order, EpochPlan(50, 8, epoch=0, seed=1).order)
+    assert not torch.equal(a.order, EpochPlan(50, 8, epoch=1, seed=1).order)
+    assert not torch.equal(a.order, EpochPlan(50, 8, epoch=0, seed=2).order)
+    assert torch.equal(EpochPlan(50, 8, epoch=0, seed=1, shuffle=False).order, torch.arange(50))
+
+
+def test_drop_last_and_step_counts() -> None:
+    assert steps_per_epoch(101, 10, drop_last=False) == 11
+    assert steps_per_epoch(101, 10, drop_last=True) == 10
+    plan = EpochPlan(101, 10, epoch=0, seed=0, drop_last=True)
+    assert plan.num_steps == 10 and all(len(plan.global_batch(s)) == 10 for s in range(10))
+
+
+def test_micro_batches_cover_the_share() -> None:
+    parts = micro_batches(torch.arange(10), 3)
+    assert [len(p) for p in parts] == [4, 3, 3]
+    assert [len(p) for p in micro_batches(torch.arange(2), 4)] == [1, 1, 0, 0]
+
+
+def test_warmup_then_cosine_decay() -> None:
+    factor = WarmupDecay(warmup_steps=4, total_steps=14, decay="cosine", min_ratio=0.1)
+    assert [factor(s) for s in range(4)] == [0.25, 0.5, 0.75, 1.0]
+    assert factor(4) == pytest.approx(1.0)
+    assert factor(9) == pytest.approx(0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * 0.5)))
+    assert factor(14) == pytest.approx(0.1)
+    assert factor(100) == pytest.approx(0.1)
+
+
+def test_linear_and_constant_schedules() -> None:
+    linear = WarmupDecay(0, 10, "linear", 0.0)
+    assert [linear(s) for s in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])
+    assert WarmupDecay(0, 10, "constant", 0.0)(7) == 1.0
