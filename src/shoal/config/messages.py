@@ -139,9 +139,9 @@ def _message(error: Any, path: list[str | int], root: type[BaseModel], data: Any
     if kind == "string_pattern_mismatch":
         return f"must match {ctx.get('pattern')}, got {value!r}"
     if kind in ("too_short", "too_long"):
-        expected = ctx.get("min_length", ctx.get("max_length"))
+        count = ctx.get("min_length", ctx.get("max_length"))
         got = len(value) if isinstance(value, list) else value
-        return f"must have {expected} items, got {got}"
+        return f"must have {count} items, got {got}"
     if kind == "value_error":
         return str(ctx.get("error", error["msg"]))
     return str(error["msg"])

@@ -124,7 +124,7 @@ class ClassificationTaskConfig(ConfigModel):
     type: Literal["classification"] = "classification"
     data: ClassificationDataConfig = Field(
         default_factory=SyntheticDataConfig,
-        description="Where the samples come from: source = synthetic (the default) | file | python.",
+        description="Where the samples come from: source = synthetic (default) | file | python.",
     )
     model: MLPConfig = Field(default_factory=MLPConfig, description="The MLP to train.")
 
