@@ -17,14 +17,20 @@ class Registry(Generic[T]):
         self.family = family
         self._items: dict[str, T] = {}
 
-    def register(self, name: str) -> Callable[[T], T]:
-        def add(item: T) -> T:
-            if name in self._items:
-                raise ValueError(f"{self.family} {name!r} is registered twice")
-            self._items[name] = item
-            return item
+    def add(self, name: str, item: T) -> T:
+        """Register `item` under `name` (built-ins at import; users' own at run time)."""
+        if name in self._items:
+            raise ValueError(f"{self.family} {name!r} is registered twice")
+        self._items[name] = item
+        return item
 
-        return add
+    def register(self, name: str) -> Callable[[T], T]:
+        """The decorator form of `add`."""
+
+        def decorate(item: T) -> T:
+            return self.add(name, item)
+
+        return decorate
 
     def get(self, name: str) -> T:
         try:

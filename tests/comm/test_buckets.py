@@ -104,12 +104,31 @@ def test_unused_parameters_still_reduce() -> None:
     assert len(aggregator.launched) == len(sync.buckets), "finish() launches the rest"
 
 
-def test_zero_grad_restores_views_replaced_by_user_code() -> None:
+def test_grads_land_in_views_after_every_step() -> None:
+    """zero_grad drops gradients; after each step every .grad is its bucket view again."""
     model = _model()
     sync = BucketedGradientSync(model, RecordingAggregator(), cap_mb=1)
-    first = next(model.parameters())
-    first.grad = None
+    views = {v.data_ptr() for b in sync.buckets for v in b.views}
+    for _ in range(3):
+        sync.zero_grad()
+        assert all(p.grad is None for p in model.parameters())
+        with sync.accumulate(last=True):
+            model(torch.randn(4, 8)).sum().backward()
+        sync.finish()
+        assert {p.grad.data_ptr() for p in model.parameters()} == views
+
+
+def test_unused_parameter_gets_zero_gradient_not_a_stale_one() -> None:
+    model = _model()
+    model.add_module("unused", nn.Linear(2, 2))
+    sync = BucketedGradientSync(model, RecordingAggregator(), cap_mb=0.001)
     sync.zero_grad()
-    assert first.grad is not None and first.grad.data_ptr() in {
-        v.data_ptr() for b in sync.buckets for v in b.views
-    }
+    with sync.accumulate(last=True):
+        (model[:5](torch.randn(3, 8)).sum() + model.unused(torch.ones(1, 2)).sum()).backward()
+    sync.finish()
+    assert model.unused.weight.grad.abs().sum() > 0
+    sync.zero_grad()
+    with sync.accumulate(last=True):
+        model[:5](torch.randn(3, 8)).sum().backward()
+    sync.finish()
+    assert torch.equal(model.unused.weight.grad, torch.zeros(2, 2))

@@ -28,7 +28,7 @@ def _train(args: argparse.Namespace) -> int:
     console = Console()
     print_summary(results, console)
     valid = results.get("valid") or {}
-    final = "  ".join(f"{k} {v:.4f}" for k, v in valid.items() if isinstance(v, float))
+    final = "  ".join(f"{k} {v:.4f}" for k, v in sorted(valid.items()) if isinstance(v, float))
     if final:
         console.print(f"final valid: {final}")
     console.print(f"run directory: {results['run_dir']}")

@@ -29,10 +29,6 @@ class Aggregator(ABC):
         """Begin summing `bucket` over all ranks; the result lands in `bucket`."""
 
 
-AGGREGATORS: Registry[type[Aggregator]] = Registry("aggregation method")
-
-
-@AGGREGATORS.register("native")
 class NativeAllReduce(Aggregator):
     """The backend's own all-reduce (gloo: ring/halving-doubling; NCCL: ring/tree)."""
 
@@ -40,3 +36,7 @@ class NativeAllReduce(Aggregator):
         work = dist.all_reduce(bucket, op=dist.ReduceOp.SUM, async_op=True)
         assert work is not None  # async_op=True always returns a Work
         return work
+
+
+AGGREGATORS: Registry[type[Aggregator]] = Registry("aggregation method")
+AGGREGATORS.add("native", NativeAllReduce)

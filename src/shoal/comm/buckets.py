@@ -21,7 +21,7 @@ import torch.distributed as dist
 from torch import nn
 
 from shoal.comm.aggregators import Aggregator, PendingReduction
-from shoal.strategies.base import GradientSync
+from shoal.training.contracts import GradientSync
 
 FIRST_BUCKET_BYTES = 1 << 20  # a small first bucket starts communication early, as in DDP
 
@@ -104,10 +104,15 @@ class BucketedGradientSync(GradientSync):
             dist.broadcast(buffer, src=0)
 
     def zero_grad(self) -> None:
+        """Drop gradients instead of zeroing the buckets.
+
+        Backward then hands each parameter a fresh gradient, which the hook moves
+        into its bucket view once (a copy); zeroing 40 MiB of buckets first and
+        adding into them would cost a memset and an extra read every step.
+        """
         for bucket in self.buckets:
-            bucket.buffer.zero_()
-            for param, view in zip(bucket.params, bucket.views, strict=True):
-                param.grad = view  # re-attach if anything replaced the view
+            for param in bucket.params:
+                param.grad = None
             bucket.pending = len(bucket.params)
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
@@ -124,10 +129,10 @@ class BucketedGradientSync(GradientSync):
     def _on_grad_ready(self, param: torch.Tensor) -> None:
         bucket, slot = self._bucket_of[id(param)]
         view = bucket.views[slot]
-        if param.grad is not view:  # autograd replaced .grad: fold it back into the bucket
+        if param.grad is not view:  # a fresh gradient: move it into the bucket, keep the view
             if param.grad is not None and param.grad.data_ptr() != view.data_ptr():
                 view.copy_(param.grad)
-            param.grad = view
+            param.grad = view  # later micro-batches accumulate into the view in place
         if not self._armed:
             return
         bucket.pending -= 1
@@ -142,8 +147,17 @@ class BucketedGradientSync(GradientSync):
             self._next_launch += 1
 
     def finish(self) -> float:
-        """Launch buckets that never filled (unused parameters, empty shards), then wait."""
+        """Launch buckets that never filled (unused parameters, empty shards), then wait.
+
+        A parameter that got no gradient this step contributes zeros, as in DDP, so
+        every rank reduces the same buckets; the optimizer then sees a zero gradient.
+        """
         for index in range(self._next_launch, len(self.buckets)):
+            bucket = self.buckets[index]
+            for param, view in zip(bucket.params, bucket.views, strict=True):
+                if param.grad is None:
+                    view.zero_()
+                    param.grad = view
             self._ready[index] = True
         self._launch_ready()
         started = time.perf_counter()

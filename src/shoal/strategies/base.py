@@ -2,17 +2,16 @@
 
 A strategy answers three questions: how many worker processes it needs, what
 happens to gradients between backward and the optimizer step (`attach` returns a
-:class:`GradientSync`), and what the job loop is (`run`; by default the shared
-:class:`~shoal.training.trainer.Trainer`). `local` and `data_parallel` differ only
-in the gradient sync; strategies with another loop (federated rounds, population
-generations) override `run` and reuse the trainer's pieces.
+:class:`~shoal.training.contracts.GradientSync`), and what the job loop is
+(`run`; by default the shared :class:`~shoal.training.trainer.Trainer`).
+`local` and `data_parallel` differ only in the gradient sync; strategies with
+another loop (federated rounds, population generations) override `run` and reuse
+the trainer's pieces.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any, ClassVar
 
 from torch import nn
@@ -20,44 +19,8 @@ from torch import nn
 from shoal.config.root import ShoalConfig
 from shoal.runtime.context import WorkerContext
 from shoal.tasks.base import Task
-
-
-class GradientSync(ABC):
-    """What happens to gradients in a step: accumulate, then combine across workers."""
-
-    @abstractmethod
-    def zero_grad(self) -> None:
-        """Clear gradients before a step's first micro-batch."""
-
-    def begin_step(self) -> None:  # noqa: B027 - optional hook
-        """Called before a step's first forward pass."""
-
-    @contextmanager
-    def accumulate(self, last: bool) -> Iterator[None]:
-        """Around one micro-batch's forward and backward; `last` marks the step's final one."""
-        yield
-
-    @abstractmethod
-    def finish(self) -> float:
-        """Complete the step's gradient combination; returns seconds spent blocked on it."""
-
-    def bytes_per_step(self) -> int:
-        """Gradient bytes this worker hands to communication per step."""
-        return 0
-
-
-class LocalGradientSync(GradientSync):
-    """One process: gradients stay as backward left them."""
-
-    def __init__(self, model: nn.Module) -> None:
-        self.model = model
-
-    def zero_grad(self) -> None:
-        for param in self.model.parameters():
-            param.grad = None
-
-    def finish(self) -> float:
-        return 0.0
+from shoal.training.contracts import GradientSync
+from shoal.training.trainer import Trainer
 
 
 class Strategy(ABC):
@@ -90,6 +53,4 @@ class Strategy(ABC):
 
     def run(self, task: Task) -> dict[str, Any]:
         """The job: by default the shared training loop."""
-        from shoal.training.trainer import Trainer
-
         return Trainer(self.ctx, task, self).fit()

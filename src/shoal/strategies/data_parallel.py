@@ -10,11 +10,10 @@ from shoal.comm.aggregators import AGGREGATORS
 from shoal.comm.buckets import BucketedGradientSync
 from shoal.config.root import ShoalConfig
 from shoal.config.strategy import DataParallelStrategyConfig
-from shoal.strategies.base import GradientSync, Strategy
-from shoal.strategies.registry import STRATEGIES
+from shoal.strategies.base import Strategy
+from shoal.training.contracts import GradientSync
 
 
-@STRATEGIES.register("data_parallel")
 class DataParallelStrategy(Strategy):
     """Each rank trains on its slice of every global batch; gradients are summed in buckets.
 

@@ -6,11 +6,10 @@ from typing import ClassVar
 
 from torch import nn
 
-from shoal.strategies.base import GradientSync, LocalGradientSync, Strategy
-from shoal.strategies.registry import STRATEGIES
+from shoal.strategies.base import Strategy
+from shoal.training.contracts import GradientSync, LocalGradientSync
 
 
-@STRATEGIES.register("local")
 class LocalStrategy(Strategy):
     """Trains in the calling process; no process group, no communication."""
 

@@ -4,13 +4,13 @@ from __future__ import annotations
 
 from shoal.registry import Registry
 from shoal.strategies.base import Strategy
+from shoal.strategies.data_parallel import DataParallelStrategy
+from shoal.strategies.local import LocalStrategy
 
 STRATEGIES: Registry[type[Strategy]] = Registry("strategy")
+STRATEGIES.add("local", LocalStrategy)
+STRATEGIES.add("data_parallel", DataParallelStrategy)
 
 
 def strategy_class(name: str) -> type[Strategy]:
-    # Importing the built-in strategies registers them.
-    import shoal.strategies.data_parallel
-    import shoal.strategies.local  # noqa: F401
-
     return STRATEGIES.get(name)

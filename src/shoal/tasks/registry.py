@@ -7,12 +7,11 @@ from collections.abc import Callable
 from shoal.registry import Registry
 from shoal.runtime.context import WorkerContext
 from shoal.tasks.base import Task
+from shoal.tasks.classification.task import ClassificationTask
 
 TASKS: Registry[Callable[[WorkerContext], Task]] = Registry("task")
+TASKS.add("classification", ClassificationTask)
 
 
 def build_task(ctx: WorkerContext) -> Task:
-    # Importing the built-in tasks registers them.
-    import shoal.tasks.classification.task  # noqa: F401
-
     return TASKS.get(ctx.config.task.type)(ctx)

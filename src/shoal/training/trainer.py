@@ -26,9 +26,9 @@ from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import restore_rng, seed_everything, worker_seed
-from shoal.strategies.base import Strategy
 from shoal.tasks.base import LossOutput, Task
 from shoal.training.batching import EpochPlan, local_share, micro_batches, steps_per_epoch
+from shoal.training.contracts import TrainingStrategy
 from shoal.training.meter import IntervalMeter, StepStats
 from shoal.training.optim import WarmupDecay, build_optimizer, build_scheduler
 from shoal.training.state import TrainProgress
@@ -41,7 +41,7 @@ class InjectedFault(RuntimeError):
 
 
 class Trainer:
-    def __init__(self, ctx: WorkerContext, task: Task, strategy: Strategy) -> None:
+    def __init__(self, ctx: WorkerContext, task: Task, strategy: TrainingStrategy) -> None:
         self.ctx = ctx
         self.task = task
         self.strategy = strategy

@@ -25,7 +25,6 @@ from shoal.tasks.classification.data import (
     make_synthetic,
 )
 from shoal.tasks.classification.model import build_mlp
-from shoal.tasks.registry import TASKS
 
 
 def load_data(config: ClassificationTaskConfig) -> ClassificationData:
@@ -38,7 +37,6 @@ def load_data(config: ClassificationTaskConfig) -> ClassificationData:
     return make_synthetic(data)
 
 
-@TASKS.register("classification")
 class ClassificationTask(Task):
     """Cross-entropy on (input, label) samples; reports loss and accuracy."""
 
