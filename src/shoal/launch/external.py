@@ -9,7 +9,6 @@ under the same run directory on its own machine.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,13 +19,7 @@ from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.config import dump_config
 from shoal.launch.job import run_job
 from shoal.launch.plan import JobPlan
-from shoal.launch.process_group import (
-    init_process_group,
-    pick_backend,
-    pick_device,
-    set_cpu_threads,
-    shutdown_process_group,
-)
+from shoal.launch.process_group import Placement, join_process_group, shutdown_process_group
 from shoal.launch.reports import write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths, create_run_dir
@@ -45,16 +38,10 @@ class _Peers:
 
 
 def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
-    env = os.environ
-    rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
-    local_rank = int(env.get("LOCAL_RANK", 0))
-    local_world_size = int(env.get("LOCAL_WORLD_SIZE", 1))
+    placement = Placement.from_env()
+    rank, world_size = placement.rank, placement.world_size
     config = plan.config
-    device = pick_device(config.run, local_rank)
-    backend = pick_backend(config.run, device)
-    if device.type == "cpu":
-        set_cpu_threads(config.run, local_world_size)
-    init_process_group(backend, rank, world_size, config.faults.timeout_s, device=device)
+    device, backend = join_process_group(config, placement)
     failed = False
     try:
         peers = _Peers(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
@@ -76,8 +63,8 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
             paths=paths,
             rank=rank,
             world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
+            local_rank=placement.local_rank,
+            local_world_size=placement.local_world_size,
             device=device,
             backend=backend,
             launch_mode="torchrun",

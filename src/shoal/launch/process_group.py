@@ -6,10 +6,12 @@ import contextlib
 import datetime
 import os
 import socket
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from shoal.config import ShoalConfig
 from shoal.config.sections import RunConfig
 from shoal.errors import ShoalError
 
@@ -45,6 +47,41 @@ def pick_backend(run: RunConfig, device: torch.device) -> str:
     if run.backend == "nccl" and device.type != "cuda":
         raise ShoalError('run.backend: \'nccl\' needs CUDA devices; use "gloo" or "auto" on CPU')
     return run.backend
+
+
+@dataclass(frozen=True)
+class Placement:
+    """This worker's place in the job, from torchrun-style environment variables."""
+
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+
+    @classmethod
+    def from_env(cls) -> Placement:
+        env = os.environ
+        rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
+        return cls(
+            rank=rank,
+            world_size=world_size,
+            local_rank=int(env.get("LOCAL_RANK", rank)),
+            local_world_size=int(env.get("LOCAL_WORLD_SIZE", world_size)),
+        )
+
+
+def join_process_group(
+    config: ShoalConfig, placement: Placement, store: dist.Store | None = None
+) -> tuple[torch.device, str]:
+    """Pick device and backend, share the CPU cores, join the group; returns (device, backend)."""
+    device = pick_device(config.run, placement.local_rank)
+    backend = pick_backend(config.run, device)
+    if device.type == "cpu":
+        set_cpu_threads(config.run, placement.local_world_size)
+    init_process_group(
+        backend, placement.rank, placement.world_size, config.faults.timeout_s, store, device
+    )
+    return device, backend
 
 
 def loopback_interface() -> str | None:

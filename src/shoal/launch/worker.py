@@ -22,11 +22,9 @@ from shoal.errors import EXIT_FAILURE, ShoalError
 from shoal.launch.job import run_job
 from shoal.launch.process_group import (
     LAUNCHER_ENV,
+    Placement,
     exit_process,
-    init_process_group,
-    pick_backend,
-    pick_device,
-    set_cpu_threads,
+    join_process_group,
     shutdown_process_group,
 )
 from shoal.launch.reports import write_report
@@ -54,11 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     _die_with_launcher()
 
-    env = os.environ
-    rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
-    local_rank = int(env.get("LOCAL_RANK", rank))
-    local_world_size = int(env.get("LOCAL_WORLD_SIZE", world_size))
-    host, port = env["MASTER_ADDR"], int(env["MASTER_PORT"])
+    placement = Placement.from_env()
+    rank, world_size = placement.rank, placement.world_size
+    host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
     paths = RunPaths(Path(args.run_dir))
     log = worker_logger(rank, paths.log_file(rank))
     heartbeat: Heartbeat | None = None
@@ -66,10 +62,6 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(paths.config)
         faults = config.faults
-        device = pick_device(config.run, local_rank)
-        backend = pick_backend(config.run, device)
-        if device.type == "cpu":
-            set_cpu_threads(config.run, local_world_size)
         heartbeat = Heartbeat(host, port, rank, faults.heartbeat_interval_s, faults.timeout_s)
         store = dist.TCPStore(
             host,
@@ -79,15 +71,15 @@ def main(argv: list[str] | None = None) -> int:
             timeout=datetime.timedelta(seconds=faults.timeout_s),
             wait_for_workers=False,
         )
-        init_process_group(backend, rank, world_size, faults.timeout_s, store=store, device=device)
+        device, backend = join_process_group(config, placement, store)
         log.info("rank %d of %d joined (%s on %s)", rank, world_size, backend, device)
         ctx = WorkerContext(
             config=config,
             paths=paths,
             rank=rank,
             world_size=world_size,
-            local_rank=local_rank,
-            local_world_size=local_world_size,
+            local_rank=placement.local_rank,
+            local_world_size=placement.local_world_size,
             device=device,
             backend=backend,
             launch_mode="shoal",

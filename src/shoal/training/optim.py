@@ -30,17 +30,9 @@ def build_optimizer(
             nesterov=config.nesterov,
             weight_decay=config.weight_decay,
         )
-    if isinstance(config, AdamWConfig):
-        return torch.optim.AdamW(
-            params,
-            lr=config.lr,
-            betas=(config.betas[0], config.betas[1]),
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            amsgrad=config.amsgrad,
-        )
-    if isinstance(config, AdamConfig):
-        return torch.optim.Adam(
+    if isinstance(config, AdamConfig):  # AdamW is an AdamConfig with decoupled weight decay
+        adam = torch.optim.AdamW if isinstance(config, AdamWConfig) else torch.optim.Adam
+        return adam(
             params,
             lr=config.lr,
             betas=(config.betas[0], config.betas[1]),
