@@ -24,7 +24,8 @@ num_replicas = {workers}
 [monitor]
 progress = "off"
 [faults]
-heartbeat_timeout_s = 3
+heartbeat_timeout_s = {heartbeat}
+timeout_s = {timeout}
 [faults.inject]
 rank = {rank}
 step = 5
@@ -33,17 +34,31 @@ kind = "{kind}"
 
 
 @pytest.mark.parametrize(
-    ("kind", "workers", "rank", "expected"),
+    ("kind", "workers", "rank", "timeouts", "expected"),
     [
-        ("raise", 2, 1, "rank 1 failed at step 5: InjectedFault: injected fault at step 5"),
-        ("exit", 3, 2, "rank 2 exited with code 17 without an error report"),
-        ("hang", 2, 0, "rank 0 stopped responding: no heartbeat for"),
+        (
+            "raise",
+            2,
+            1,
+            (3, 300),
+            "rank 1 failed at step 5: InjectedFault: injected fault at step 5",
+        ),
+        ("exit", 3, 2, (3, 300), "rank 2 exited with code 17 without an error report"),
+        # a frozen worker: its heartbeat stops first
+        ("hang", 2, 0, (3, 300), "rank 0 stopped responding: no heartbeat for"),
+        # a worker stuck while still alive: the collective timeout fires first; its peer
+        # reports the timeout, and the launcher names the rank that stopped answering
+        ("hang", 2, 1, (60, 4), "rank 0 failed at step 5: "),
     ],
+    ids=["raise", "exit", "hang-heartbeat", "hang-collective-timeout"],
 )
 def test_failed_worker_ends_the_job_naming_its_rank(
-    tmp_path: Path, kind: str, workers: int, rank: int, expected: str
+    tmp_path: Path, kind: str, workers: int, rank: int, timeouts: tuple[int, int], expected: str
 ) -> None:
-    (tmp_path / "job.toml").write_text(JOB.format(kind=kind, workers=workers, rank=rank))
+    heartbeat, timeout = timeouts
+    (tmp_path / "job.toml").write_text(
+        JOB.format(kind=kind, workers=workers, rank=rank, heartbeat=heartbeat, timeout=timeout)
+    )
     started = time.monotonic()
     done = run_shoal("train", "job.toml", cwd=tmp_path, timeout=60)
     elapsed = time.monotonic() - started
@@ -52,7 +67,13 @@ def test_failed_worker_ends_the_job_naming_its_rank(
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1, done.stderr
     assert lines[0].startswith(expected)
-    assert f"logs/rank-{rank}.log" in lines[0]
+    if timeout < heartbeat:
+        assert "Timed out waiting 4000ms" in lines[0] and "pytorch/third_party" not in lines[0]
+        assert lines[0].endswith(
+            "; rank 1 had not failed but stopped answering (log: runs/job/logs/rank-0.log)"
+        )
+    else:
+        assert f"logs/rank-{rank}.log" in lines[0]
     assert "Traceback" not in done.stderr
     left = subprocess.run(
         ["pgrep", "-f", f"shoal.launch.worker --run-dir {tmp_path}"], capture_output=True

@@ -194,6 +194,7 @@ class LocalLauncher:
             key=lambda w: (w not in failed, w.exited_at),
         )
         steps = self._steps(store)
+        silent_peers = [w.rank for w in self.workers if w.process.poll() is None]
         self._terminate()
         reports = {w.rank: read_report(self.paths.error_file(w.rank)) for w in on_their_own}
         causes = [
@@ -214,6 +215,9 @@ class LocalLauncher:
         code = culprit.process.returncode
         if report:
             what = f"{report['type']}: {report['message']}"
+            if report.get("communication_error") and silent_peers:
+                listed = ", ".join(map(str, silent_peers))
+                what += f"; rank {listed} had not failed but stopped answering"
             return JobFailed(f"rank {culprit.rank} failed{where}: {what} (log: {log})")
         if code is not None and code < 0:
             name = signal.Signals(-code).name

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 import traceback
 from pathlib import Path
 from typing import Any
@@ -30,13 +31,20 @@ def is_communication_error(exc: BaseException) -> bool:
     return any(hint in text for hint in _COMM_HINTS)
 
 
+def _first_line(exc: BaseException) -> str:
+    """The message's first line, without a C++ source location such as `[.../pair.cc:534] `."""
+    text = str(exc).strip()
+    line = text.splitlines()[0] if text else ""
+    return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", line)
+
+
 def write_report(path: Path, rank: int, step: int, exc: BaseException) -> None:
     user_error = isinstance(exc, ShoalError)
     report = {
         "rank": rank,
         "step": step,
         "type": type(exc).__name__,
-        "message": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        "message": _first_line(exc),
         "lines": exc.lines if isinstance(exc, ShoalError) else [],
         "user_error": user_error,
         "communication_error": not user_error and is_communication_error(exc),
