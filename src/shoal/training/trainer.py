@@ -1,10 +1,10 @@
 """The shared training loop every synchronous strategy runs.
 
 One loop, with the strategy's :class:`GradientSync` as its only distributed
-piece: the trainer picks each step's global batch, takes this rank's slice,
-runs forward/backward per micro-batch, lets the sync combine gradients, clips
-by the global norm, steps the optimizer and schedule, and around that logs,
-evaluates and checkpoints. A checkpoint holds the model, optimizer, schedule,
+piece: the trainer picks each step's global batch and hands it to its
+:class:`~shoal.training.learner.Learner` (this rank's slice, micro-batches,
+gradient sync, global-norm clipping, optimizer and schedule), and around that
+logs, evaluates and checkpoints. A checkpoint holds the model, optimizer, schedule,
 strategy state, data position and every rank's RNG state, so a resumed run on
 CPU ends bit-identical to one that never stopped.
 """
@@ -16,8 +16,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.checkpoint.manager import CheckpointManager, load_checkpoint
 from shoal.config import dump_config
@@ -26,11 +24,11 @@ from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import restore_rng, seed_everything, worker_seed
-from shoal.tasks.base import LossOutput, Task
-from shoal.training.batching import EpochPlan, local_share, micro_batches, steps_per_epoch
+from shoal.tasks.base import Task
+from shoal.training.batching import EpochPlan, steps_per_epoch
 from shoal.training.contracts import TrainingStrategy
-from shoal.training.meter import IntervalMeter, StepStats
-from shoal.training.optim import WarmupDecay, build_optimizer, build_scheduler
+from shoal.training.learner import Learner
+from shoal.training.meter import IntervalMeter
 from shoal.training.state import TrainProgress
 
 INJECTED_EXIT_CODE = 17
@@ -57,9 +55,8 @@ class Trainer:
     def _build(self) -> None:
         ctx, train = self.ctx, self.train
         seed_everything(train.seed)  # identical initial parameters on every rank
-        self.model = self.task.build_model().to(ctx.device)
-        self.sync = self.strategy.attach(self.model)
-        self.optimizer = build_optimizer(self.model.parameters(), train.optimizer)
+        model = self.task.build_model().to(ctx.device)
+        sync = self.strategy.attach(model)
         self.steps_per_epoch = steps_per_epoch(
             self.task.train_size, train.batch_size, train.drop_last
         )
@@ -69,7 +66,9 @@ class Trainer:
                 "training samples and drop_last = true: no step would run"
             )
         self.total_steps = self._total_steps()
-        self.scheduler = build_scheduler(self.optimizer, train, self.total_steps)
+        self.learner = Learner(
+            self.task, model, sync, train, self.total_steps, share=(ctx.rank, ctx.world_size)
+        )
         self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
         if ctx.resume_from:
             self._restore(Path(ctx.resume_from))
@@ -122,7 +121,7 @@ class Trainer:
         self.reporter.start(p.global_step)
         self._session_start = time.perf_counter()
         self._time_base = p.train_time_s
-        self.model.train()
+        self.learner.model.train()
         while not self._done():
             plan = EpochPlan(
                 self.task.train_size,
@@ -135,7 +134,7 @@ class Trainer:
             while p.step_in_epoch < plan.num_steps and not self._done():
                 self._maybe_inject_fault()
                 batch = plan.global_batch(p.step_in_epoch)
-                stats = self._step(batch)
+                stats = self.learner.step(batch)
                 p.step_in_epoch += 1
                 p.global_step += 1
                 p.samples_seen += len(batch)
@@ -172,40 +171,11 @@ class Trainer:
             self._save()
 
     # ---------------------------------------------------------------- one step
-    def _step(self, global_batch: torch.Tensor) -> StepStats:
-        """One optimizer step on this rank's slice of `global_batch`."""
-        ctx = self.ctx
-        started = time.perf_counter()
-        local = local_share(global_batch, ctx.rank, ctx.world_size)
-        scale = 1.0 / len(global_batch)
-        self.sync.zero_grad()
-        self.sync.begin_step()
-        loss_sum = torch.zeros((), device=ctx.device)
-        sums: dict[str, torch.Tensor] = {}
-        parts = micro_batches(local, self.train.micro_batches)
-        for index, part in enumerate(parts):
-            with self.sync.accumulate(last=index == len(parts) - 1):
-                if len(part) == 0:
-                    continue
-                out: LossOutput = self.task.loss(self.model, self.task.train_batch(part))
-                (out.loss_sum * scale).backward()
-            loss_sum += out.loss_sum.detach()
-            for name, value in out.sums.items():
-                sums[name] = sums.get(name, 0) + value.detach()
-        comm_s = self.sync.finish()
-        if self.train.grad_clip_norm is not None:
-            # after the sync every rank holds the global gradient, so this is the global norm
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip_norm)
-        self.optimizer.step()
-        self.scheduler.step()
-        wall = time.perf_counter() - started
-        return StepStats(loss_sum, len(local), sums, wall - comm_s, comm_s, wall)
-
     # ---------------------------------------------------------------- reporting
     def _log_interval(self, meter: IntervalMeter) -> None:
         metrics = meter.reduce(self.ctx)
         p = self.progress
-        metrics["lr"] = float(self.scheduler.get_last_lr()[0])
+        metrics["lr"] = self.learner.lr
         self.last_train = {
             k.removeprefix("train_"): v
             for k, v in metrics.items()
@@ -217,7 +187,7 @@ class Trainer:
     def _evaluate(self) -> None:
         p = self.progress
         for split in self.task.eval_splits():
-            metrics = self.task.evaluate(self.model, split)
+            metrics = self.task.evaluate(self.learner.model, split)
             if not metrics:
                 continue
             self.last_eval[split] = metrics
@@ -245,9 +215,7 @@ class Trainer:
         state: dict[str, Any] = {}
         if ctx.is_main:
             state = {
-                "model": self.model.state_dict(),
-                "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict(),
+                **self.learner.state_dict(),
                 "progress": p.state_dict(),
                 "strategy": self.strategy.state_dict(),
                 "config": dump_config(ctx.config),
@@ -268,13 +236,7 @@ class Trainer:
     def _restore(self, path: Path) -> None:
         ctx = self.ctx
         state, meta = load_checkpoint(path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        # the schedule follows the current config (a resumed run may have been extended)
-        self.scheduler.lr_lambdas[0] = WarmupDecay(
-            self.train.warmup_steps, self.total_steps, self.train.lr_decay, self.train.min_lr_ratio
-        )
+        self.learner.load_state_dict(state)
         self.progress.load_state_dict(state["progress"])
         self.strategy.load_state_dict(state.get("strategy", {}))
         self._saved_step = self.progress.global_step
@@ -336,7 +298,7 @@ class Trainer:
             "samples_per_s": p.samples_seen / p.train_time_s if p.train_time_s else 0.0,
             "session_train_time_s": session_train_s,
             "time_s": {"compute": p.compute_time_s, "communication": p.comm_time_s},
-            "gradient_bytes_per_step": self.sync.bytes_per_step(),
+            "gradient_bytes_per_step": self.learner.sync.bytes_per_step(),
             "train": self.last_train,
             **self.last_eval,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,

@@ -1,0 +1,99 @@
+"""One model under optimization: the step that every strategy's training is made of.
+
+A step takes this learner's share of a global batch, splits it into micro-batches,
+runs forward and backward with the loss sum scaled by 1 / global batch size, lets
+the gradient sync combine gradients across workers, clips by the (then global)
+norm, and steps the optimizer and the schedule. The Trainer drives one learner
+through epochs; strategies with their own outer loop (federated clients,
+population members) drive learners directly.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from shoal.config.train import TrainConfig
+from shoal.tasks.base import LossOutput, Task
+from shoal.training.batching import local_share, micro_batches
+from shoal.training.contracts import GradientSync
+from shoal.training.meter import StepStats
+from shoal.training.optim import WarmupDecay, build_optimizer, build_scheduler
+
+
+class Learner:
+    """A model with its optimizer, schedule and gradient sync.
+
+    `share` is (index, count) of this learner within the group that splits each
+    global batch: (rank, world_size) for data-parallel replicas, (0, 1) for a
+    learner that trains on whole batches alone.
+    """
+
+    def __init__(
+        self,
+        task: Task,
+        model: nn.Module,
+        sync: GradientSync,
+        train: TrainConfig,
+        total_steps: int,
+        share: tuple[int, int] = (0, 1),
+    ) -> None:
+        self.task = task
+        self.model = model
+        self.sync = sync
+        self.train = train
+        self.share = share
+        self.optimizer = build_optimizer(model.parameters(), train.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, train, total_steps)
+        self.total_steps = total_steps
+
+    @property
+    def lr(self) -> float:
+        return float(self.scheduler.get_last_lr()[0])
+
+    def step(self, global_batch: torch.Tensor) -> StepStats:
+        """One optimizer step on this learner's share of `global_batch` (sample indices)."""
+        started = time.perf_counter()
+        local = local_share(global_batch, *self.share)
+        scale = 1.0 / len(global_batch)
+        self.sync.zero_grad()
+        self.sync.begin_step()
+        loss_sum = torch.zeros((), device=next(self.model.parameters()).device)
+        sums: dict[str, torch.Tensor] = {}
+        parts = micro_batches(local, self.train.micro_batches)
+        for index, part in enumerate(parts):
+            with self.sync.accumulate(last=index == len(parts) - 1):
+                if len(part) == 0:
+                    continue
+                out: LossOutput = self.task.loss(self.model, self.task.train_batch(part))
+                (out.loss_sum * scale).backward()
+            loss_sum += out.loss_sum.detach()
+            for name, value in out.sums.items():
+                sums[name] = sums.get(name, 0) + value.detach()
+        comm_s = self.sync.finish()
+        if self.train.grad_clip_norm is not None:
+            # after the sync every replica holds the global gradient: this is the global norm
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        wall = time.perf_counter() - started
+        return StepStats(loss_sum, len(local), sums, wall - comm_s, comm_s, wall)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        # the schedule follows the current config (a resumed run may have been extended)
+        self.scheduler.lr_lambdas[0] = WarmupDecay(
+            self.train.warmup_steps, self.total_steps, self.train.lr_decay, self.train.min_lr_ratio
+        )
