@@ -99,6 +99,8 @@ class ClientRunner:
         report = ClientReport(client, "ok", samples=len(shard))
         self.model.train()
         done, epoch = 0, 0
+        loss_sum = torch.zeros((), dtype=torch.float64)
+        sums: dict[str, torch.Tensor | int] = {}
         while done < total:
             plan = EpochPlan(
                 len(shard),
@@ -115,12 +117,14 @@ class ClientRunner:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise ClientDropped(f"still training after {done} of {total} local steps")
                 stats = learner.step(shard[plan.global_batch(step)])
-                report.loss_sum += float(stats.loss_sum)
+                loss_sum += stats.loss_sum
                 report.trained += stats.samples
                 for name, value in stats.sums.items():
-                    report.sums[name] = report.sums.get(name, 0.0) + float(value)
+                    sums[name] = sums.get(name, 0) + value
                 done += 1
             epoch += 1
+        report.loss_sum = float(loss_sum)
+        report.sums = {name: float(value) for name, value in sums.items()}
         report.update = self.vector.read() - global_x
         return report
 
