@@ -259,6 +259,12 @@ def main() -> None:
         f"\nmedian round: shoal {medians['shoal']:.3f} s, Flower {medians['flower']:.3f} s; "
         f"Flower / shoal = {medians['flower'] / medians['shoal']:.2f}x"
     )
+    totals = {c: statistics.median(sum(r["round_s"]) for r in results[c]) for c in results}
+    ratio = totals["flower"] / totals["shoal"]
+    print(
+        f"all {args.rounds} rounds, first included: shoal {totals['shoal']:.2f} s, "
+        f"Flower {totals['flower']:.2f} s; Flower / shoal = {ratio:.2f}x"
+    )
     for contender, values in finals.items():
         print(f"final accuracy {contender}: {', '.join(f'{v:.4f}' for v in values)}")
     process = {c: statistics.median(r["process_s"] for r in results[c]) for c in results}

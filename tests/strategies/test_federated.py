@@ -48,16 +48,24 @@ def _rounds(results: dict[str, Any]) -> list[dict[str, Any]]:
     return [r for r in records if r["event"] == "round"]
 
 
-@pytest.mark.parametrize("workers", [1, 2])
-def test_fedavg_one_full_batch_step_equals_centralized_sgd(runs: Path, workers: int) -> None:
-    central = small_job(
+@pytest.fixture(scope="module")
+def centralized(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Tensor]:
+    """Five steps of full-batch SGD on all 400 training samples, in one process."""
+    runs = tmp_path_factory.mktemp("central")
+    job = small_job(
         runs, train={"epochs": 5, "batch_size": 400, "shuffle": False, "optimizer": SGD}
     )
-    reference = final_state(shoal.train(central))["model"]
+    return final_state(shoal.train(job))["model"]
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_fedavg_one_full_batch_step_equals_centralized_sgd(
+    runs: Path, centralized: dict[str, torch.Tensor], workers: int
+) -> None:
     federated = fed_job(runs, train={"batch_size": 400}, rounds=5, local_steps=1, workers=workers)
     results = shoal.train(federated)
     assert results["world_size"] == workers and results["rounds"] == 5
-    _close(final_state(results)["model"], reference)
+    _close(final_state(results)["model"], centralized)
     rounds = _rounds(results)
     assert [r["participants"] for r in rounds] == [4] * 5
     assert all(r["client_bytes_up"] > 0 and r["update_norm"] > 0 for r in rounds)
