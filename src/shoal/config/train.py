@@ -121,8 +121,8 @@ class TrainConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        if self.epochs is None and self.max_steps is None:
-            raise ValueError("set epochs or max_steps (or both: whichever comes first)")
+        # "set epochs or max_steps" is checked by the root config: some strategies
+        # (federated rounds) define the run's length themselves
         if self.micro_batches > self.batch_size:
             raise ValueError(
                 f"micro_batches ({self.micro_batches}) cannot exceed batch_size ({self.batch_size})"

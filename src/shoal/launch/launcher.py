@@ -205,7 +205,10 @@ class LocalLauncher:
         report = reports.get(culprit.rank)
         log = self.paths.log_file(culprit.rank)
         if report and report.get("user_error"):
-            return ShoalError(*(report.get("lines") or [report.get("message", "")]))
+            lines = report.get("lines") or [report.get("message", "")]
+            # a ShoalError raised at run time (JobFailed: e.g. a federated round without
+            # enough clients) keeps its exit code
+            return JobFailed(*lines) if report.get("exit_code") == 1 else ShoalError(*lines)
         if report and report.get("step", -1) >= 0:
             where = f" at step {report['step']}"
         elif culprit.rank in steps and steps[culprit.rank] >= 0:

@@ -47,6 +47,7 @@ def write_report(path: Path, rank: int, step: int, exc: BaseException) -> None:
         "message": _first_line(exc),
         "lines": exc.lines if isinstance(exc, ShoalError) else [],
         "user_error": user_error,
+        "exit_code": exc.exit_code if isinstance(exc, ShoalError) else 1,
         "communication_error": not user_error and is_communication_error(exc),
         "traceback": "".join(traceback.format_exception(exc)),
     }

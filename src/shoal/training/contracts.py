@@ -43,9 +43,10 @@ class LocalGradientSync(GradientSync):
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
+        self.params = list(model.parameters())
 
     def zero_grad(self) -> None:
-        for param in self.model.parameters():
+        for param in self.params:
             param.grad = None
 
     def finish(self) -> float:

@@ -46,6 +46,7 @@ class Learner:
         self.sync = sync
         self.train = train
         self.share = share
+        self.device = next(model.parameters()).device
         self.optimizer = build_optimizer(model.parameters(), train.optimizer)
         self.scheduler = build_scheduler(self.optimizer, train, total_steps)
         self.total_steps = total_steps
@@ -61,7 +62,7 @@ class Learner:
         scale = 1.0 / len(global_batch)
         self.sync.zero_grad()
         self.sync.begin_step()
-        loss_sum = torch.zeros((), device=next(self.model.parameters()).device)
+        loss_sum = torch.zeros((), device=self.device)
         sums: dict[str, torch.Tensor] = {}
         parts = micro_batches(local, self.train.micro_batches)
         for index, part in enumerate(parts):

@@ -38,6 +38,26 @@ class InjectedFault(RuntimeError):
     """Raised by `[faults.inject] kind = "raise"`."""
 
 
+def inject_fault(ctx: WorkerContext, step: int) -> None:
+    """`[faults.inject]`: break this rank on purpose at `step` (a round, for round-based
+    strategies). A resumed run is never broken again, so a run failed on purpose can
+    be resumed (which is what the tests of resume do)."""
+    fault = ctx.config.faults.inject
+    if fault is None or ctx.resume_from or fault.rank != ctx.rank or fault.step != step:
+        return
+    ctx.log.error("fault injection: %s at step %d", fault.kind, step)
+    if fault.kind == "raise":
+        raise InjectedFault(f"injected fault at step {step}")
+    if fault.kind == "exit":
+        for handler in ctx.log.handlers:
+            handler.flush()
+        os._exit(INJECTED_EXIT_CODE)
+    if ctx.heartbeat is not None:
+        ctx.heartbeat.stop()
+    while True:  # kind == "hang": a frozen worker, as far as anyone can tell
+        time.sleep(3600)
+
+
 class Trainer:
     def __init__(self, ctx: WorkerContext, task: Task, strategy: TrainingStrategy) -> None:
         self.ctx = ctx
@@ -255,28 +275,7 @@ class Trainer:
         ctx.log.info("resumed from %s at step %d (epoch %d)", path, meta["step"], meta["epoch"])
 
     def _maybe_inject_fault(self) -> None:
-        """`[faults.inject]`: break this rank on purpose. A resumed run is never broken again,
-        so a run failed on purpose can be resumed (which is what the tests of resume do)."""
-        fault = self.ctx.config.faults.inject
-        step = self.progress.global_step
-        if (
-            fault is None
-            or self.ctx.resume_from
-            or fault.rank != self.ctx.rank
-            or fault.step != step
-        ):
-            return
-        self.ctx.log.error("fault injection: %s at step %d", fault.kind, step)
-        if fault.kind == "raise":
-            raise InjectedFault(f"injected fault at step {step}")
-        if fault.kind == "exit":
-            for handler in self.ctx.log.handlers:
-                handler.flush()
-            os._exit(INJECTED_EXIT_CODE)
-        if self.ctx.heartbeat is not None:
-            self.ctx.heartbeat.stop()
-        while True:  # kind == "hang": a frozen worker, as far as anyone can tell
-            time.sleep(3600)
+        inject_fault(self.ctx, self.progress.global_step)
 
     # ---------------------------------------------------------------- results
     def _finish(self, wall_s: float) -> dict[str, Any]:
