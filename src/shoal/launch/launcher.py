@@ -63,7 +63,7 @@ class LocalLauncher:
             "127.0.0.1",
             port,
             is_master=True,
-            timeout=datetime.timedelta(seconds=self.config.faults.timeout_s),
+            timeout=datetime.timedelta(seconds=self.config.faults.start_timeout_s),
             wait_for_workers=False,
             master_listen_fd=listener.detach(),
         )
@@ -157,10 +157,10 @@ class LocalLauncher:
                 continue
             beat = read_heartbeat(store, worker.rank)
             if beat is None:
-                if running_for > faults.timeout_s:
+                if running_for > faults.start_timeout_s:
                     return (
-                        f"rank {worker.rank} did not start within {faults.timeout_s:.0f} s "
-                        f"(faults.timeout_s); see {self.paths.log_file(worker.rank)}"
+                        f"rank {worker.rank} did not start within {faults.start_timeout_s:g} s "
+                        f"(faults.start_timeout_s); see {self.paths.log_file(worker.rank)}"
                     )
                 continue
             silent = time.time() - beat[0]
