@@ -22,7 +22,7 @@ class ShoalConfig(ConfigModel):
     task: TaskConfig = Field(..., description="What is trained: model, data and loss.")
     strategy: StrategyConfig = Field(
         default_factory=LocalStrategyConfig,
-        description="How the work is distributed: type = local | data_parallel.",
+        description="How the work is distributed: type = local | data_parallel | population_based.",
     )
     train: TrainConfig = Field(..., description="Optimization: steps, batch, optimizer.")
     checkpoint: CheckpointConfig = Field(

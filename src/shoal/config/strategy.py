@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from shoal.config.base import ConfigModel, fill_default_tag
+from shoal.strategies.population.config import PopulationStrategyConfig
 
 
 class LocalStrategyConfig(ConfigModel):
@@ -60,5 +61,6 @@ class DataParallelStrategyConfig(ConfigModel):
 
 
 StrategyConfig = Annotated[
-    LocalStrategyConfig | DataParallelStrategyConfig, Field(discriminator="type")
+    LocalStrategyConfig | DataParallelStrategyConfig | PopulationStrategyConfig,
+    Field(discriminator="type"),
 ]

@@ -40,7 +40,7 @@ def _workers_override(config: ShoalConfig, workers: int | None) -> list[str]:
             f"--workers {workers}: strategy 'local' runs one process; set "
             '[strategy] type = "data_parallel" to train on several workers'
         )
-    return [f"strategy.num_replicas={workers}"]
+    return [f"strategy.{strategy_class(config.strategy.type).workers_field}={workers}"]
 
 
 def plan_job(
@@ -74,6 +74,7 @@ def plan_job(
     if run_root is not None and (overrides or extra):
         atomic_write_bytes(RunPaths(run_root).config, dump_config(config).encode())
     cls = strategy_class(config.strategy.type)
+    cls.check(config)
     world_size = cls.world_size(config)
     name = config.run.name or default_run_name(source)
     return JobPlan(

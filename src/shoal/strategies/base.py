@@ -29,6 +29,9 @@ class Strategy(ABC):
     #: True when the strategy can run inside the calling process (no worker processes)
     in_process: ClassVar[bool] = False
 
+    #: the `[strategy]` field that `--workers N` sets
+    workers_field: ClassVar[str] = "num_replicas"
+
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
 
@@ -36,6 +39,11 @@ class Strategy(ABC):
     def world_size(cls, config: ShoalConfig) -> int:
         """Worker processes the local launcher starts for this config."""
         return 1
+
+    @classmethod
+    def check(cls, config: ShoalConfig) -> None:
+        """Checks across config sections that no single section can make; raise ConfigError."""
+        return None
 
     @abstractmethod
     def attach(self, model: nn.Module) -> GradientSync:

@@ -6,10 +6,12 @@ from shoal.registry import Registry
 from shoal.strategies.base import Strategy
 from shoal.strategies.data_parallel import DataParallelStrategy
 from shoal.strategies.local import LocalStrategy
+from shoal.strategies.population.strategy import PopulationStrategy
 
 STRATEGIES: Registry[type[Strategy]] = Registry("strategy")
 STRATEGIES.add("local", LocalStrategy)
 STRATEGIES.add("data_parallel", DataParallelStrategy)
+STRATEGIES.add("population_based", PopulationStrategy)
 
 
 def strategy_class(name: str) -> type[Strategy]:
