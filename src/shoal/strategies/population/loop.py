@@ -31,13 +31,13 @@ from typing import Any
 
 import numpy as np
 
-from shoal.checkpoint.manager import CheckpointManager, load_checkpoint
-from shoal.config import dump_config
+from shoal.checkpoint.manager import CheckpointManager
 from shoal.errors import ConfigError, ShoalError
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
 from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.context import WorkerContext
+from shoal.strategies.population.checkpoints import restore, save
 from shoal.strategies.population.config import PopulationStrategyConfig
 from shoal.strategies.population.lineage import Generation, MemberRecord
 from shoal.strategies.population.member import GenerationStats, Member
@@ -51,6 +51,7 @@ from shoal.strategies.population.operators import (
     fitness,
     stream,
 )
+from shoal.strategies.population.reporting import log_generation
 from shoal.strategies.population.results import population_results
 from shoal.strategies.population.space import Hyperparameters, sample_all
 from shoal.strategies.population.transfer import recv_tree, send_tree
@@ -148,7 +149,7 @@ class PopulationTrainer:
                 self.members[m].set_hyperparameters(self.hyper[m])
         self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
         if ctx.resume_from:
-            self._restore(Path(ctx.resume_from))
+            restore(self, Path(ctx.resume_from))
 
     # ------------------------------------------------------------ the loop
     def fit(self) -> dict[str, Any]:
@@ -176,7 +177,7 @@ class PopulationTrainer:
                 self._generation(g)
                 last = g + 1 == self.generations
                 if (every and (g + 1) % every == 0) or (last and ctx.config.checkpoint.at_end):
-                    self._save()
+                    save(self)
         finally:
             self.reporter.close()
             self.metrics.close()
@@ -216,7 +217,7 @@ class PopulationTrainer:
             self.times["evaluation"] += stats.eval_s
             self.samples += stats.samples
             self.failures += stats.error is not None
-        self._log_generation(generation, everyone)
+        log_generation(self, generation, everyone)
         if g + 1 < self.generations:
             self._evolve(g, scores, start + steps)
         self.next_generation = g + 1
@@ -322,161 +323,6 @@ class PopulationTrainer:
                 send_tree(self.ctx, snapshots[c.winner], dst, what)
             elif dst == rank:
                 self.members[c.loser].load_exploit_state(recv_tree(self.ctx, src, what))
-
-    # ------------------------------------------------------------ reporting
-    def _log_generation(self, generation: Generation, everyone: dict[int, GenerationStats]) -> None:
-        g, step = generation.index, generation.end
-        for m, record in enumerate(generation.members):
-            self.metrics.write(
-                {
-                    "event": "member",
-                    "generation": g,
-                    "step": step,
-                    "member": m,
-                    "rank": self.owner(m),
-                    "hyperparameters": record.hyperparameters,
-                    "parent": record.parent,
-                    "score": record.score,
-                    "metric": self.metric,
-                    "status": "failed" if record.error else "ok",
-                    "train_loss": record.train_loss,
-                    self.config.split: record.metrics,
-                    **({"error": record.error} if record.error else {}),
-                }
-            )
-            if record.error:
-                self.metrics.write(
-                    {
-                        "event": "member_failed",
-                        "generation": g,
-                        "step": step,
-                        "member": m,
-                        "error": record.error,
-                    }
-                )
-                self.ctx.log.warning(
-                    "member %d failed in generation %d (it will be replaced): %s",
-                    m,
-                    g,
-                    record.error,
-                )
-        fit = fitness([r.score for r in generation.members], self.mode)
-        good = [m for m in range(self.size) if not math.isnan(fit[m])]
-        best = max(good, key=lambda m: (fit[m], -m)) if good else 0
-        samples = sum(s.samples for s in everyone.values())
-        busy = max(
-            sum(s.compute_s for m, s in everyone.items() if self.owner(m) == r)
-            for r in range(self.ctx.world_size)
-        )
-        loss = [r.train_loss for r in generation.members if math.isfinite(r.train_loss)]
-        summary = {
-            "event": "generation",
-            "generation": g,
-            "step": step,
-            "best_member": best,
-            "best_score": generation.members[best].score,
-            "median_score": float(np.median([generation.members[m].score for m in good]))
-            if good
-            else math.nan,
-            "failed": self.size - len(good),
-            "loss": float(np.mean(loss)) if loss else math.nan,
-            "samples_per_s": samples / busy if busy else 0.0,
-            "lr": generation.members[best].hyperparameters.get("lr", self.train.optimizer.lr),
-        }
-        self.metrics.write(summary)
-        epoch = min(member.progress.epoch for member in self.members.values())
-        self.reporter.update(step, epoch, summary)
-        shown = ", ".join(
-            f"{k} {v:.4g}" for k, v in generation.members[best].hyperparameters.items()
-        )
-        self.reporter.note(
-            f"generation {g + 1}/{self.generations} step {step}: best member {best} "
-            f"{self.metric} {summary['best_score']:.4f} ({shown}); median "
-            f"{summary['median_score']:.4f}; {summary['failed']} failed"
-        )
-
-    # ------------------------------------------------------------ checkpoints
-    def _book(self) -> dict[str, Any]:
-        """The population's bookkeeping: the same on every rank, saved as JSON."""
-        return {
-            "next_generation": self.next_generation,
-            "hyperparameters": self.hyper,
-            "parents": self.parents,
-            "history": [g.to_json() for g in self.history],
-            "failures": self.failures,
-            "replaced": self.replaced,
-            "samples": self.samples,
-            "times": self.times,
-        }
-
-    def _save(self) -> None:
-        ctx = self.ctx
-        started = time.perf_counter()
-        states: list[Any] = []
-        for m in range(self.size):
-            src = self.owner(m)
-            what = f"member {m}'s state for the checkpoint"
-            if ctx.is_main:
-                if src == 0:
-                    states.append(self.members[m].state_dict())
-                else:
-                    states.append(recv_tree(ctx, src, what))
-            elif src == ctx.rank:
-                send_tree(ctx, self.members[m].state_dict(), 0, what)
-        step = self.history[-1].end if self.history else 0
-        state: dict[str, Any] = {}
-        if ctx.is_main:
-            state = {
-                "members": states,
-                "population": json.dumps(self._book()),
-                "config": dump_config(ctx.config),
-            }
-        meta = {
-            "generation": self.next_generation,
-            "strategy": ctx.config.strategy.type,
-            "task": ctx.config.task.type,
-        }
-        path = self.checkpoints.save(step, state, meta)
-        self.times["checkpoint"] += time.perf_counter() - started
-        if path is not None:
-            self.last_checkpoint = path
-            self.metrics.write(
-                {
-                    "event": "checkpoint",
-                    "step": step,
-                    "generation": self.next_generation,
-                    "path": str(path),
-                }
-            )
-            ctx.log.info("checkpoint written: %s", path)
-
-    def _restore(self, path: Path) -> None:
-        state, meta = load_checkpoint(path)
-        if "members" not in state:
-            raise ShoalError(
-                f"{path}: not a population_based checkpoint (strategy {meta.get('strategy')}); "
-                "resume it with its own strategy"
-            )
-        if len(state["members"]) != self.size:
-            raise ShoalError(
-                f"strategy.population_size: the checkpoint {path} holds "
-                f"{len(state['members'])} members, the config asks for {self.size}; "
-                "resume with the same population size"
-            )
-        book = json.loads(state["population"])
-        self.next_generation = book["next_generation"]
-        self.hyper = book["hyperparameters"]
-        self.parents = book["parents"]
-        self.history = [Generation.from_json(g) for g in book["history"]]
-        self.failures = book["failures"]
-        self.replaced = book["replaced"]
-        self.samples = book["samples"]
-        self.times = book["times"]
-        for m, member in self.members.items():
-            member.load_state_dict(state["members"][m])
-            member.set_hyperparameters(self.hyper[m])
-        self.last_checkpoint = path
-        self.ctx.log.info("resumed from %s at generation %d", path, self.next_generation)
 
 
 def resolve_metric(config: PopulationStrategyConfig, task_class: type[Task]) -> tuple[str, str]:
