@@ -217,7 +217,10 @@ def test_crash_then_resume_is_exact(runs: Path, one_worker: dict[str, Any]) -> N
     broken = runs / "broken"
     assert [p.name for p in list_checkpoints(broken / "checkpoints")][-1] == "step-00000010"
     assert not (broken / "results.json").exists()
+    assert (broken / "population.svg").is_file(), "the plot follows the checkpoints"
     resumed = shoal.train(resume=broken)
+    (resume,) = [r for r in read_metrics(broken / "metrics.jsonl") if r["event"] == "resume"]
+    assert (resume["generation"], resume["step"]) == (2, 10)
     _assert_same_population(resumed, one_worker)
     assert resumed["best"]["schedule"] == one_worker["best"]["schedule"]
 

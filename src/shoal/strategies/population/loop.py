@@ -170,6 +170,15 @@ class PopulationTrainer:
             self.config.ready_interval,
             self.total_steps,
         )
+        if ctx.resume_from:  # lines of later generations before this one are of the lost attempt
+            self.metrics.write(
+                {
+                    "event": "resume",
+                    "generation": self.next_generation,
+                    "step": self.history[-1].end if self.history else 0,
+                    "checkpoint": ctx.resume_from,
+                }
+            )
         self.reporter.start(self.next_generation * self.config.ready_interval)
         try:
             every = self.config.checkpoint_every

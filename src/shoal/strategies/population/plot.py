@@ -17,6 +17,7 @@ from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.strategies.population.config import Distribution, LogRange
 from shoal.strategies.population.lineage import Generation
 
+PLOT_FILE = "population.svg"
 WIDTH, PANEL, LEFT, RIGHT, TOP, GAP = 860, 190, 80, 20, 56, 46
 PALETTE = (
     "#1f77b4",

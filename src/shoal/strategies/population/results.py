@@ -8,12 +8,10 @@ from typing import TYPE_CHECKING, Any
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.strategies.population.lineage import schedule
 from shoal.strategies.population.operators import fitness
-from shoal.strategies.population.plot import write_plot
+from shoal.strategies.population.plot import PLOT_FILE, write_plot
 
 if TYPE_CHECKING:
     from shoal.strategies.population.loop import PopulationTrainer
-
-PLOT_FILE = "population.svg"
 
 
 def population_results(trainer: PopulationTrainer, wall_s: float) -> dict[str, Any]:
