@@ -49,9 +49,17 @@ def _ticks(low: float, high: float, log: bool) -> list[float]:
 class _Panel:
     """One plot area: maps (step, value) to SVG coordinates."""
 
-    def __init__(self, top: float, x_max: float, values: list[float], log: bool) -> None:
-        finite = [v for v in values if math.isfinite(v) and (v > 0 or not log)]
-        low, high = (min(finite), max(finite)) if finite else (0.0, 1.0)
+    def __init__(
+        self, top: float, x_max: float, values: list[float], log: bool, robust: bool = False
+    ) -> None:
+        finite = sorted(v for v in values if math.isfinite(v) and (v > 0 or not log))
+        low, high = (finite[0], finite[-1]) if finite else (0.0, 1.0)
+        if robust and len(finite) >= 8:
+            # a diverging member's loss of 1e11 would flatten everyone else's line: the
+            # axis stops at Tukey's far fences (3 interquartile ranges beyond the
+            # quartiles), and values beyond them sit on the frame
+            q1, q3 = finite[len(finite) // 4], finite[3 * len(finite) // 4]
+            low, high = max(low, q1 - 3 * (q3 - q1)), min(high, q3 + 3 * (q3 - q1))
         if high <= low:
             pad = abs(low) * 0.1 or 1.0
             low, high = (low / 2, high * 2) if log else (low - pad, high + pad)
@@ -72,6 +80,7 @@ class _Panel:
 
     def y(self, value: float) -> float:
         f: Callable[[float], float] = math.log10 if self.log else float
+        value = min(max(value, self.low), self.high)
         share = (f(value) - f(self.low)) / (f(self.high) - f(self.low))
         return self.top + PANEL * (1 - share)
 
@@ -154,7 +163,7 @@ def render(history: Sequence[Generation], metric: str, space: Mapping[str, Distr
         out.append(f'<text x="{x + 14}" y="{y + 9}">member {m}</text>')
     panels: list[tuple[str, Callable[[int, int], float], bool, bool]] = [
         (
-            f"score ({metric}) after each generation",
+            f"score ({metric}) after each generation (outliers on the frame)",
             lambda g, m: history[g].members[m].score,
             False,
             False,
@@ -169,7 +178,7 @@ def render(history: Sequence[Generation], metric: str, space: Mapping[str, Distr
     for index, (title, value_of, stepped, log) in enumerate(panels):
         top = first + index * (PANEL + GAP)
         values = [value_of(g, m) for g in range(len(history)) for m in range(members)]
-        panel = _Panel(top, x_max, values, log)
+        panel = _Panel(top, x_max, values, log, robust=index == 0)
         out += panel.frame(title + (" (log scale)" if log else ""))
         out += _series(panel, history, value_of, stepped)
     out.append(f'<text x="{WIDTH / 2}" y="{height - 4}" text-anchor="middle">training step</text>')
