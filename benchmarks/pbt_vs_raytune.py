@@ -9,6 +9,8 @@ synchronous generations). Ray Tune runs the same training step in a function
 trainable, with the data shared through its object store and a checkpoint per
 generation (which its PBT needs to copy members).
 
+Ray Tune runs with `reuse_actors=True` (its documented remedy for the cost of
+restarting trial actors; `--ray-defaults` adds a run with its default, False).
 Each contender runs in a fresh Python process, alternating, `--rounds` times;
 round k seeds both (shoal's train.seed, Ray's variant generator) with k.
 Reported per run: the best member's final validation accuracy, the wall time
@@ -139,7 +141,7 @@ def _ray_trainable(config: dict[str, Any], data: Any) -> None:
             )
 
 
-def run_ray(workdir: Path, seed: int) -> dict[str, Any]:
+def run_ray(workdir: Path, seed: int, reuse_actors: bool = True) -> dict[str, Any]:
     started = time.perf_counter()
     import ray
     from ray import tune
@@ -151,7 +153,12 @@ def run_ray(workdir: Path, seed: int) -> dict[str, Any]:
 
     samples = make_synthetic(SyntheticDataConfig(**DATA))
     data = (samples.train.fetch(slice(None)), samples.valid.fetch(slice(None)))  # type: ignore[union-attr,arg-type]
-    ray.init(num_cpus=WORKERS, include_dashboard=False, log_to_driver=False)
+    ray.init(
+        num_cpus=WORKERS,
+        include_dashboard=False,
+        log_to_driver=False,
+        _node_ip_address="127.0.0.1",  # loopback only, as shoal's own workers
+    )
     try:
         space = {
             "lr": tune.loguniform(*LR),
@@ -178,6 +185,10 @@ def run_ray(workdir: Path, seed: int) -> dict[str, Any]:
                 metric="accuracy",
                 mode="max",
                 search_alg=BasicVariantGenerator(random_state=seed),
+                # Ray's default (False) starts a new actor process whenever a paused trial
+                # resumes, which synchronous PBT on fewer slots than trials does every
+                # generation; reusing actors is Ray's documented remedy
+                reuse_actors=reuse_actors,
             ),
             run_config=tune.RunConfig(
                 name="ray",
@@ -197,22 +208,31 @@ def run_ray(workdir: Path, seed: int) -> dict[str, Any]:
 
 def _child(contender: str, seed: int) -> None:
     with tempfile.TemporaryDirectory() as folder:
-        run = run_shoal if contender == "shoal" else run_ray
-        print("RESULT " + json.dumps(run(Path(folder), seed)), flush=True)
+        if contender == "shoal":
+            result = run_shoal(Path(folder), seed)
+        else:
+            result = run_ray(Path(folder), seed, reuse_actors=contender == "ray")
+        print("RESULT " + json.dumps(result), flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--child", choices=["shoal", "ray"], help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--ray-defaults",
+        action="store_true",
+        help="also run Ray Tune with its default reuse_actors = False (slow: minutes per run)",
+    )
+    parser.add_argument("--child", choices=["shoal", "ray", "ray-defaults"], help=argparse.SUPPRESS)
     parser.add_argument("--seed", type=int, default=0, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         _child(args.child, args.seed)
         return
-    runs: dict[str, list[dict[str, Any]]] = {"shoal": [], "ray": []}
+    contenders = ["shoal", "ray", *(["ray-defaults"] if args.ray_defaults else [])]
+    runs: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
     for round_ in range(1, args.rounds + 1):
-        for contender in ("shoal", "ray"):
+        for contender in contenders:
             done = subprocess.run(
                 [sys.executable, __file__, "--child", contender, "--seed", str(round_)],
                 capture_output=True,
@@ -226,7 +246,7 @@ def main() -> None:
             result["overhead_s"] = result["wall_s"] - result["compute_s"] / WORKERS
             runs[contender].append(result)
             print(
-                f"round {round_} {contender:5s}: best accuracy {result['score']:.4f}  "
+                f"round {round_} {contender:12s}: best accuracy {result['score']:.4f}  "
                 f"wall {result['wall_s']:6.1f} s  compute {result['compute_s']:6.1f} s  "
                 f"overhead {result['overhead_s']:6.1f} s",
                 flush=True,
@@ -240,15 +260,17 @@ def main() -> None:
     }
     for c, m in median.items():
         print(
-            f"median {c:5s}: best accuracy {m['score']:.4f}  wall {m['wall_s']:.1f} s  "
+            f"median {c:12s}: best accuracy {m['score']:.4f}  wall {m['wall_s']:.1f} s  "
             f"compute {m['compute_s']:.1f} s  overhead {m['overhead_s']:.1f} s"
         )
-    s, r = median["shoal"], median["ray"]
-    print(
-        f"ratios: accuracy shoal - ray = {s['score'] - r['score']:+.4f}; "
-        f"wall ray / shoal = {r['wall_s'] / s['wall_s']:.2f}; "
-        f"overhead ray / shoal = {r['overhead_s'] / s['overhead_s']:.2f}"
-    )
+    s = median["shoal"]
+    for name in contenders[1:]:
+        r = median[name]
+        print(
+            f"{name} vs shoal: accuracy shoal - {name} = {s['score'] - r['score']:+.4f}; "
+            f"wall {name} / shoal = {r['wall_s'] / s['wall_s']:.2f}; "
+            f"overhead {name} / shoal = {r['overhead_s'] / s['overhead_s']:.2f}"
+        )
 
 
 if __name__ == "__main__":
