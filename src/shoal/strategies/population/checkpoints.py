@@ -40,6 +40,7 @@ def bookkeeping(trainer: PopulationTrainer) -> dict[str, Any]:
 
 
 def save(trainer: PopulationTrainer) -> None:
+    """Collective: rank 0 receives every member's state (in member order) and writes."""
     ctx = trainer.ctx
     started = time.perf_counter()
     states: list[Any] = []
@@ -84,6 +85,7 @@ def save(trainer: PopulationTrainer) -> None:
 
 
 def restore(trainer: PopulationTrainer, path: Path) -> None:
+    """Take this worker's members and the bookkeeping from checkpoint `path`."""
     state, meta = load_checkpoint(path)
     if "members" not in state:
         raise ShoalError(

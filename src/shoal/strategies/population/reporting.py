@@ -18,6 +18,8 @@ if TYPE_CHECKING:
 def log_generation(
     trainer: PopulationTrainer, generation: Generation, everyone: dict[int, GenerationStats]
 ) -> None:
+    """A `member` line per member (the lineage), a `member_failed` line per failure, and a
+    `generation` summary, which the progress display shows."""
     g, step = generation.index, generation.end
     for m, record in enumerate(generation.members):
         trainer.metrics.write(
