@@ -40,7 +40,9 @@ def _validate(args: argparse.Namespace) -> int:
     from shoal.strategies.registry import strategy_class
 
     config = load_config(args.file, args.set)
-    world = strategy_class(config.strategy.type).world_size(config)
+    strategy = strategy_class(config.strategy.type)
+    strategy.check(config)
+    world = strategy.world_size(config)
     print(
         f"{args.file}: valid (task {config.task.type}, strategy {config.strategy.type}, "
         f"{world} worker{'s' if world > 1 else ''})"

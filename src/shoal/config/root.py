@@ -22,7 +22,8 @@ class ShoalConfig(ConfigModel):
     task: TaskConfig = Field(..., description="What is trained: model, data and loss.")
     strategy: StrategyConfig = Field(
         default_factory=LocalStrategyConfig,
-        description="How the work is distributed: type = local | data_parallel | federated.",
+        description="How the work is distributed: type = local | data_parallel | federated "
+        "| population_based.",
     )
     train: TrainConfig = Field(..., description="Optimization: steps, batch, optimizer.")
     checkpoint: CheckpointConfig = Field(

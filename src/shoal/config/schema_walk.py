@@ -67,25 +67,47 @@ def union_tags(root: type[BaseModel], path: Sequence[str | int], data: Any) -> l
     return [str(t[1]) for t in tags if t is not None]
 
 
-def model_at(root: type[BaseModel], path: Sequence[str | int], data: Any) -> type[BaseModel] | None:
-    """The config model that holds the keys at `path` (a table), or None."""
+def _dict_values(annotation: Any) -> Any | None:
+    """The value type of a `dict[str, X]` field (its keys are names the user picks), or None."""
+    for member in union_members(annotation):
+        if typing.get_origin(member) is dict:
+            return typing.get_args(member)[1]
+    return None
+
+
+def _walk(root: type[BaseModel], path: Sequence[str | int], data: Any) -> tuple[Any, Any]:
+    """(annotation, model) at the end of `path`; a key of a dict field selects its value type."""
+    annotation: Any = root
     model: type[BaseModel] | None = root
     node = data
+    values: Any | None = None  # set when the previous key was a dict field
     for key in path:
-        if model is None or not isinstance(key, str) or key not in model.model_fields:
-            return None
-        field = model.model_fields[key]
+        if not isinstance(key, str):
+            return None, None
+        if values is not None:
+            annotation, default = values, None
+        elif model is not None and key in model.model_fields:
+            field = model.model_fields[key]
+            annotation, default = field.annotation, field.get_default(call_default_factory=True)
+        else:
+            return None, None
         node = node.get(key) if isinstance(node, dict) else None
-        model = choose_model(field.annotation, node, field.get_default(call_default_factory=True))
+        values = _dict_values(annotation)
+        model = choose_model(annotation, node, default)
+    return annotation, model
+
+
+def model_at(root: type[BaseModel], path: Sequence[str | int], data: Any) -> type[BaseModel] | None:
+    """The config model that holds the keys at `path` (a table), or None."""
+    model: type[BaseModel] | None = _walk(root, path, data)[1]
     return model
 
 
 def annotation_at(root: type[BaseModel], path: Sequence[str], data: Any) -> Any:
     """The type annotation of the field at `path`, or None when the path is unknown."""
-    parent = model_at(root, path[:-1], data)
-    if parent is None or path[-1] not in parent.model_fields:
+    if not path:
         return None
-    return parent.model_fields[path[-1]].annotation
+    return _walk(root, path, data)[0]
 
 
 def is_text(annotation: Any) -> bool:

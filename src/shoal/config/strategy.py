@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from shoal.config.base import ConfigModel, fill_default_tag
 from shoal.strategies.federated.config import FederatedStrategyConfig
+from shoal.strategies.population.config import PopulationStrategyConfig
 
 
 class LocalStrategyConfig(ConfigModel):
@@ -61,6 +62,9 @@ class DataParallelStrategyConfig(ConfigModel):
 
 
 StrategyConfig = Annotated[
-    LocalStrategyConfig | DataParallelStrategyConfig | FederatedStrategyConfig,
+    LocalStrategyConfig
+    | DataParallelStrategyConfig
+    | FederatedStrategyConfig
+    | PopulationStrategyConfig,
     Field(discriminator="type"),
 ]

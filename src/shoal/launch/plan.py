@@ -67,6 +67,7 @@ def plan_job(
     if run_root is not None and (overrides or extra):
         atomic_write_bytes(RunPaths(run_root).config, dump_config(config).encode())
     cls = strategy_class(config.strategy.type)
+    cls.check(config)
     world_size = cls.world_size(config)
     name = config.run.name or default_run_name(source)
     return JobPlan(

@@ -30,6 +30,9 @@ class Strategy(ABC):
     #: True when the strategy can run inside the calling process (no worker processes)
     in_process: ClassVar[bool] = False
 
+    #: the `[strategy]` field that `--workers N` sets (None: the strategy runs one process)
+    workers_field: ClassVar[str | None] = None
+
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
 
@@ -41,6 +44,8 @@ class Strategy(ABC):
     @classmethod
     def workers_override(cls, workers: int) -> list[str]:
         """The `--set` items that make this strategy start `workers` worker processes."""
+        if cls.workers_field is not None:
+            return [f"strategy.{cls.workers_field}={workers}"]
         if workers == 1:
             return []
         name = cls.__name__.removesuffix("Strategy").lower()
@@ -48,6 +53,11 @@ class Strategy(ABC):
             f"--workers {workers}: strategy '{name}' runs one process; set "
             '[strategy] type = "data_parallel" to train on several workers'
         )
+
+    @classmethod
+    def check(cls, config: ShoalConfig) -> None:
+        """Checks across config sections that no single section can make; raise ConfigError."""
+        return None
 
     @abstractmethod
     def attach(self, model: nn.Module) -> GradientSync:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import torch
 import torch.distributed as dist
 from torch import nn
@@ -27,9 +29,7 @@ class DataParallelStrategy(Strategy):
         assert isinstance(config.strategy, DataParallelStrategyConfig)
         return config.strategy.num_replicas
 
-    @classmethod
-    def workers_override(cls, workers: int) -> list[str]:
-        return [f"strategy.num_replicas={workers}"]
+    workers_field: ClassVar[str | None] = "num_replicas"
 
     @property
     def config(self) -> DataParallelStrategyConfig:

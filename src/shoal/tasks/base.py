@@ -44,6 +44,10 @@ class Task(ABC):
     #: metric used to pick the best checkpoint and for early stopping, and its direction
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")
 
+    #: parameters that may change while a model trains (population-based training tunes
+    #: them), by name, with the range [low, high) of values they accept
+    tunable: ClassVar[dict[str, tuple[float, float]]] = {}
+
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
 
@@ -67,6 +71,10 @@ class Task(ABC):
     @abstractmethod
     def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
         """Metrics on a held-out split. Collective: every rank calls it and gets the same result."""
+
+    def set_tunable(self, model: nn.Module, name: str, value: float) -> None:
+        """Give `model`, mid-training, a new value of the `tunable` parameter `name`."""
+        raise KeyError(f"task {type(self).__name__} has no tunable parameter {name!r}")
 
     def eval_splits(self) -> list[str]:
         """The held-out splits evaluated during training."""

@@ -11,7 +11,6 @@ CPU ends bit-identical to one that never stopped.
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -27,35 +26,10 @@ from shoal.runtime.rng import restore_rng, seed_everything, worker_seed
 from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan, steps_per_epoch
 from shoal.training.contracts import TrainingStrategy
+from shoal.training.faults import maybe_inject_fault
 from shoal.training.learner import Learner
 from shoal.training.meter import IntervalMeter
 from shoal.training.state import TrainProgress
-
-INJECTED_EXIT_CODE = 17
-
-
-class InjectedFault(RuntimeError):
-    """Raised by `[faults.inject] kind = "raise"`."""
-
-
-def inject_fault(ctx: WorkerContext, step: int) -> None:
-    """`[faults.inject]`: break this rank on purpose at `step` (a round, for round-based
-    strategies). A resumed run is never broken again, so a run failed on purpose can
-    be resumed (which is what the tests of resume do)."""
-    fault = ctx.config.faults.inject
-    if fault is None or ctx.resume_from or fault.rank != ctx.rank or fault.step != step:
-        return
-    ctx.log.error("fault injection: %s at step %d", fault.kind, step)
-    if fault.kind == "raise":
-        raise InjectedFault(f"injected fault at step {step}")
-    if fault.kind == "exit":
-        for handler in ctx.log.handlers:
-            handler.flush()
-        os._exit(INJECTED_EXIT_CODE)
-    if ctx.heartbeat is not None:
-        ctx.heartbeat.stop()
-    while True:  # kind == "hang": a frozen worker, as far as anyone can tell
-        time.sleep(3600)
 
 
 class Trainer:
@@ -152,7 +126,7 @@ class Trainer:
                 train.drop_last,
             )
             while p.step_in_epoch < plan.num_steps and not self._done():
-                self._maybe_inject_fault()
+                maybe_inject_fault(self.ctx, p.global_step)
                 batch = plan.global_batch(p.step_in_epoch)
                 stats = self.learner.step(batch)
                 p.step_in_epoch += 1
@@ -273,9 +247,6 @@ class Trainer:
             )
             seed_everything(worker_seed(self.train.seed + self.progress.global_step, ctx.rank))
         ctx.log.info("resumed from %s at step %d (epoch %d)", path, meta["step"], meta["epoch"])
-
-    def _maybe_inject_fault(self) -> None:
-        inject_fault(self.ctx, self.progress.global_step)
 
     # ---------------------------------------------------------------- results
     def _finish(self, wall_s: float) -> dict[str, Any]:

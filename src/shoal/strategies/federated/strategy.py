@@ -48,8 +48,8 @@ from shoal.strategies.federated.vector import ModelVector
 from shoal.strategies.federated.wire import Wire
 from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync, LocalGradientSync
+from shoal.training.faults import maybe_inject_fault
 from shoal.training.optim import build_optimizer
-from shoal.training.trainer import inject_fault
 
 OK, FAILED, TIMED_OUT = 1, 2, 3
 STATUS_NAMES = {FAILED: "failed", TIMED_OUT: "timed_out"}
@@ -69,9 +69,7 @@ class FederatedStrategy(Strategy):
         assert isinstance(config.strategy, FederatedStrategyConfig)
         return config.strategy.workers
 
-    @classmethod
-    def workers_override(cls, workers: int) -> list[str]:
-        return [f"strategy.workers={workers}"]
+    workers_field: ClassVar[str | None] = "workers"
 
     @property
     def config(self) -> FederatedStrategyConfig:
@@ -160,7 +158,7 @@ class FederatedStrategy(Strategy):
         try:
             self.reporter.start(self.completed)
             for rnd in range(self.completed, cfg.rounds):
-                inject_fault(ctx, rnd)
+                maybe_inject_fault(ctx, rnd)
                 self._round(rnd)
                 self.completed = rnd + 1
                 self.totals["train_time_s"] = time_base + time.perf_counter() - session_start

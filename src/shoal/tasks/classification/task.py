@@ -28,6 +28,8 @@ from shoal.tasks.classification.data import (
 )
 from shoal.tasks.classification.model import build_mlp
 
+DROPOUT_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
+
 
 def load_data(config: ClassificationTaskConfig) -> ClassificationData:
     data = config.data
@@ -43,6 +45,7 @@ class ClassificationTask(Task):
     """Cross-entropy on (input, label) samples; reports loss and accuracy."""
 
     primary_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
+    tunable: ClassVar[dict[str, tuple[float, float]]] = {"dropout": (0.0, 1.0)}
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
@@ -82,6 +85,19 @@ class ClassificationTask(Task):
         if self.data.model is not None:
             return self.data.model
         return build_mlp(self.config.model, self.data.input_features(), self.data.classes())
+
+    def set_tunable(self, model: nn.Module, name: str, value: float) -> None:
+        """`dropout`: the probability of every dropout layer of the model (MLP or user module)."""
+        if name != "dropout":
+            super().set_tunable(model, name, value)
+        layers = [m for m in model.modules() if isinstance(m, DROPOUT_LAYERS)]
+        if not layers:
+            raise ShoalError(
+                "strategy.search_space.dropout: the model has no nn.Dropout layer to tune; "
+                "set task.model.dropout > 0 so that the MLP is built with them"
+            )
+        for layer in layers:
+            layer.p = value
 
     def train_batch(self, indices: torch.Tensor) -> Any:
         return move_to(self.data.train.fetch(indices), self.ctx.device)

@@ -1,0 +1,64 @@
+"""The `population_based` strategy: its own generation loop over members that time-share workers."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from torch import nn
+
+from shoal.config.root import ShoalConfig
+from shoal.strategies.base import Strategy
+from shoal.strategies.population.config import PopulationStrategyConfig
+from shoal.strategies.population.hyperparams import check_search_space
+from shoal.strategies.population.loop import PopulationTrainer, resolve_metric
+from shoal.tasks.base import Task
+from shoal.tasks.registry import TASKS
+from shoal.training.contracts import GradientSync, LocalGradientSync
+
+
+class PopulationStrategy(Strategy):
+    """Population-based training (Jaderberg et al., 2017).
+
+    Each member is trained by one worker on whole batches (a local gradient
+    sync); `population_size` may exceed the workers, which then train their
+    members in turn. With one worker the population trains in the calling
+    process. The generation loop is :class:`PopulationTrainer`.
+    """
+
+    in_process: ClassVar[bool] = True
+    workers_field: ClassVar[str | None] = "workers"
+
+    @classmethod
+    def world_size(cls, config: ShoalConfig) -> int:
+        assert isinstance(config.strategy, PopulationStrategyConfig)
+        return config.strategy.workers
+
+    @classmethod
+    def check(cls, config: ShoalConfig) -> None:
+        """The search space names hyperparameters this optimizer and task have; the metric's
+        direction is known."""
+        assert isinstance(config.strategy, PopulationStrategyConfig)
+        check_search_space(config)
+        task_class = TASKS.get(config.task.type)
+        assert isinstance(task_class, type) and issubclass(task_class, Task)
+        resolve_metric(config.strategy, task_class)
+
+    @property
+    def config(self) -> PopulationStrategyConfig:
+        config = self.ctx.config.strategy
+        assert isinstance(config, PopulationStrategyConfig)
+        return config
+
+    def attach(self, model: nn.Module) -> GradientSync:
+        return LocalGradientSync(model)
+
+    def describe(self) -> str:
+        c = self.config
+        return (
+            f"population_based {c.population_size} members on {self.ctx.world_size} "
+            f"worker{'s' if self.ctx.world_size > 1 else ''} "
+            f"({c.exploit.method}, {c.explore.method})"
+        )
+
+    def run(self, task: Task) -> dict[str, Any]:
+        return PopulationTrainer(self.ctx, task, self.config, self.describe()).fit()

@@ -1,0 +1,40 @@
+"""`[faults.inject]`: break a worker on purpose, to test how a job handles faults.
+
+One mechanism for every loop that trains (the Trainer, a population's members):
+each calls :func:`maybe_inject_fault` before a step with the step it is about to take.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from shoal.runtime.context import WorkerContext
+
+INJECTED_EXIT_CODE = 17
+
+
+class InjectedFault(RuntimeError):
+    """Raised by `[faults.inject] kind = "raise"`."""
+
+
+def maybe_inject_fault(ctx: WorkerContext, step: int) -> None:
+    """Break this rank if `[faults.inject]` names it and `step`.
+
+    A resumed run is never broken again, so a run failed on purpose can be
+    resumed (which is what the tests of resume do).
+    """
+    fault = ctx.config.faults.inject
+    if fault is None or ctx.resume_from or fault.rank != ctx.rank or fault.step != step:
+        return
+    ctx.log.error("fault injection: %s at step %d", fault.kind, step)
+    if fault.kind == "raise":
+        raise InjectedFault(f"injected fault at step {step}")
+    if fault.kind == "exit":
+        for handler in ctx.log.handlers:
+            handler.flush()
+        os._exit(INJECTED_EXIT_CODE)
+    if ctx.heartbeat is not None:
+        ctx.heartbeat.stop()
+    while True:  # kind == "hang": a frozen worker, as far as anyone can tell
+        time.sleep(3600)
