@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from pydantic import Field
+from pydantic import Field, ValidationInfo, field_validator
 
 from shoal.config.base import ConfigModel
 from shoal.config.sections import CheckpointConfig, FaultsConfig, MonitorConfig, RunConfig
 from shoal.config.strategy import LocalStrategyConfig, StrategyConfig
-from shoal.config.train import TrainConfig
+from shoal.config.train import SGDConfig, TrainConfig
 from shoal.tasks.classification.config import ClassificationTaskConfig
 
 # Further tasks join this union, discriminated by `type`.
@@ -33,3 +33,18 @@ class ShoalConfig(ConfigModel):
     faults: FaultsConfig = Field(
         default_factory=FaultsConfig, description="Timeouts and fault injection."
     )
+
+    @field_validator("train")
+    @classmethod
+    def _momentum_in_one_place(cls, train: TrainConfig, info: ValidationInfo) -> TrainConfig:
+        """Deep Gradient Compression applies momentum before sparsifying: not a second time."""
+        aggregation = getattr(info.data.get("strategy"), "aggregation", None)
+        compression = getattr(aggregation, "compression", None)
+        if getattr(compression, "momentum_correction", 0.0) and not (
+            isinstance(train.optimizer, SGDConfig) and train.optimizer.momentum == 0
+        ):
+            raise ValueError(
+                "strategy.aggregation.compression.momentum_correction applies momentum before "
+                'sparsification: use optimizer kind = "sgd" with momentum = 0'
+            )
+        return train

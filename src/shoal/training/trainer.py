@@ -13,8 +13,11 @@ from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+import torch
 
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.checkpoint.manager import CheckpointManager, load_checkpoint
@@ -36,6 +39,10 @@ INJECTED_EXIT_CODE = 17
 
 class InjectedFault(RuntimeError):
     """Raised by `[faults.inject] kind = "raise"`."""
+
+
+def _nothing() -> None:
+    return None
 
 
 class Trainer:
@@ -132,14 +139,19 @@ class Trainer:
                 train.drop_last,
             )
             while p.step_in_epoch < plan.num_steps and not self._done():
-                self._maybe_inject_fault()
+                undo_fault = self._maybe_inject_fault()
                 batch = plan.global_batch(p.step_in_epoch)
-                stats = self.learner.step(batch)
+                try:
+                    stats = self.learner.step(batch, global_step=p.global_step)
+                finally:
+                    undo_fault()
                 p.step_in_epoch += 1
                 p.global_step += 1
                 p.samples_seen += len(batch)
                 p.compute_time_s += stats.compute_s
                 p.comm_time_s += stats.comm_s
+                p.sent_bytes += stats.sent_bytes
+                p.skipped_steps += int(stats.skipped)
                 meter.add(stats)
                 if self.ctx.heartbeat is not None:
                     self.ctx.heartbeat.beat(p.global_step)
@@ -174,6 +186,7 @@ class Trainer:
     # ---------------------------------------------------------------- reporting
     def _log_interval(self, meter: IntervalMeter) -> None:
         metrics = meter.reduce(self.ctx)
+        metrics.update(self.learner.sync.interval_metrics())
         p = self.progress
         metrics["lr"] = self.learner.lr
         self.last_train = {
@@ -213,11 +226,12 @@ class Trainer:
         ctx, p = self.ctx, self.progress
         self._sync_time()
         state: dict[str, Any] = {}
+        strategy_state = self.strategy.state_dict()  # collective: may gather every rank's state
         if ctx.is_main:
             state = {
                 **self.learner.state_dict(),
                 "progress": p.state_dict(),
-                "strategy": self.strategy.state_dict(),
+                "strategy": strategy_state,
                 "config": dump_config(ctx.config),
             }
         meta = {
@@ -254,9 +268,10 @@ class Trainer:
             seed_everything(worker_seed(self.train.seed + self.progress.global_step, ctx.rank))
         ctx.log.info("resumed from %s at step %d (epoch %d)", path, meta["step"], meta["epoch"])
 
-    def _maybe_inject_fault(self) -> None:
+    def _maybe_inject_fault(self) -> Callable[[], None]:
         """`[faults.inject]`: break this rank on purpose. A resumed run is never broken again,
-        so a run failed on purpose can be resumed (which is what the tests of resume do)."""
+        so a run failed on purpose can be resumed (which is what the tests of resume do).
+        Returns what undoes the fault after the step (for `nan`)."""
         fault = self.ctx.config.faults.inject
         step = self.progress.global_step
         if (
@@ -265,8 +280,12 @@ class Trainer:
             or fault.rank != self.ctx.rank
             or fault.step != step
         ):
-            return
+            return _nothing
         self.ctx.log.error("fault injection: %s at step %d", fault.kind, step)
+        if fault.kind == "nan":  # this step's gradient of the first parameter becomes NaN
+            first = next(p for p in self.learner.model.parameters() if p.requires_grad)
+            hook = first.register_hook(lambda grad: torch.full_like(grad, float("nan")))
+            return hook.remove
         if fault.kind == "raise":
             raise InjectedFault(f"injected fault at step {step}")
         if fault.kind == "exit":
@@ -299,6 +318,8 @@ class Trainer:
             "session_train_time_s": session_train_s,
             "time_s": {"compute": p.compute_time_s, "communication": p.comm_time_s},
             "gradient_bytes_per_step": self.learner.sync.bytes_per_step(),
+            "sent_bytes_per_step": p.sent_bytes / p.global_step if p.global_step else 0.0,
+            "skipped_steps": p.skipped_steps,
             "train": self.last_train,
             **self.last_eval,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
