@@ -23,9 +23,7 @@ from shoal.launch.process_group import loopback_interface
 TIMEOUT_S = 60.0
 
 
-def run_in_group(
-    world_size: int, fn: Callable[..., None], tmp_path: Path, *args: Any
-) -> None:
+def run_in_group(world_size: int, fn: Callable[..., None], tmp_path: Path, *args: Any) -> None:
     """Call `fn(rank, world_size, *args)` in `world_size` processes of one gloo group."""
     store = tmp_path / f"store-{world_size}-{fn.__name__}"
     mp.spawn(_entry, args=(world_size, fn, str(store), args), nprocs=world_size, join=True)

@@ -16,11 +16,14 @@ so `sent_bytes` is what this rank really put on the wire (payload only).
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
+
+_SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
 
 #: the tag of aggregation traffic (a private group: one tag is enough)
 TAG = 0
@@ -98,14 +101,16 @@ class CommGroup:
         self.post(sends, recvs, what).wait_all()
 
     def wait(self, work: dist.Work, peer: int, direction: str, what: str) -> None:
+        verb = "receiving from" if direction == "from" else "sending to"
+        failure = f"{what}: rank {self.rank} failed {verb} rank {peer} (faults.timeout_s = "
+        failure += f"{self.timeout_s:g} s)"
         try:
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
+            completed = work.wait(datetime.timedelta(seconds=self.timeout_s))
         except Exception as exc:
-            verb = "receiving from" if direction == "from" else "sending to"
-            raise PeerTimeout(
-                f"{what}: rank {self.rank} failed {verb} rank {peer} "
-                f"(timeout {self.timeout_s:g} s, faults.timeout_s): {exc}"
-            ) from exc
+            cause = _SOURCE_LOCATION.sub("", str(exc)).strip().splitlines()
+            raise PeerTimeout(f"{failure}: {cause[0] if cause else type(exc).__name__}") from exc
+        if completed is False:
+            raise PeerTimeout(f"{failure}: timed out")
 
 
 @dataclass

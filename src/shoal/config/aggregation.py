@@ -6,7 +6,7 @@ A union discriminated by `method`; the exact methods accept a
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -147,6 +147,16 @@ class GossipAggregationConfig(ConfigModel):
         description="Who averages with whom: ring | torus | exponential, or an adjacency list "
         "(list i holds the neighbours of rank i), e.g. [[1, 2], [0, 2], [0, 1]].",
     )
+
+    @field_validator("topology", mode="before")
+    @classmethod
+    def _name_or_list(cls, value: Any) -> Any:
+        if not isinstance(value, str | list):
+            raise ValueError(
+                "must be ring, torus, exponential or an adjacency list such as "
+                f"[[1, 2], [0, 2], [0, 1]], got {value!r}"
+            )
+        return value
 
     @field_validator("topology")
     @classmethod

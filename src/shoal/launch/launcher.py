@@ -205,7 +205,9 @@ class LocalLauncher:
         report = reports.get(culprit.rank)
         log = self.paths.log_file(culprit.rank)
         if report and report.get("user_error"):
-            return ShoalError(*(report.get("lines") or [report.get("message", "")]))
+            error = ShoalError(*(report.get("lines") or [report.get("message", "")]))
+            error.exit_code = int(report.get("exit_code", error.exit_code))  # e.g. a halt: 3
+            return error
         if report and report.get("step", -1) >= 0:
             where = f" at step {report['step']}"
         elif culprit.rank in steps and steps[culprit.rank] >= 0:
