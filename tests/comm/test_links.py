@@ -34,8 +34,7 @@ def _silent_peer(rank: int, world_size: int) -> None:
     assert time.monotonic() - started < 3.5
     message = str(caught.value)
     assert message.startswith(
-        "ring all-reduce (reduce-scatter): rank 0 failed receiving from "
-        "rank 1 (faults.timeout_s = 2 s): Timed out"
+        "ring all-reduce: rank 0 failed receiving from rank 1 (faults.timeout_s = 2 s): Timed out"
     ), message
     assert ".cc:" not in message
 

@@ -51,8 +51,7 @@ class HierarchicalAllReduce(BlockingAggregator):
     def all_reduce_(self, tensor: torch.Tensor) -> None:
         if self.world_size == 1 or tensor.numel() == 0:
             return
-        longest = max(tensor.numel(), -(-tensor.numel() // len(self.leaders)))
-        scratch = self.scratch(tensor.dtype, longest)
+        scratch = self.scratch(tensor.dtype, 2 * tensor.numel())
         binomial_reduce_(self.links, tensor, self.group, scratch)
         if self.rank == self.group[0]:
             ring_all_reduce_(self.links, tensor, self.leaders, scratch)

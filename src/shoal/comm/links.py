@@ -6,11 +6,14 @@ process group created for it. Its messages then never interleave with the
 trainer's collectives (buffer broadcasts, metrics, the non-finite check), even
 while it runs on a communication thread during the backward pass.
 
-`exchange` posts every send and receive of one round at once and then waits:
-gloo matches messages by (peer, tag) in order, so posting them together never
-deadlocks, and every rank issues its rounds in the same order. A receive that
-times out names the rank it was waiting for. Bytes handed to sends are counted,
-so `sent_bytes` is what this rank really put on the wire (payload only).
+Receives are posted before the sends they wait for, and algorithms post them
+as early as their buffers allow: gloo sends data right away only to a peer whose
+receive is already posted; otherwise the two sides first trade notifications,
+an extra round trip through both processes' network threads. Messages between
+two ranks are matched in posting order, and every rank issues its operations
+in the same order. A wait that times out names the peer it was waiting for.
+Bytes handed to sends are counted, so `sent_bytes` is what this rank really
+put on the wire (payload only).
 """
 
 from __future__ import annotations
@@ -72,24 +75,18 @@ class CommGroup:
             )
         return cls(rank, world_size, local_world_size, timeout_s, group)
 
-    def post(
-        self,
-        sends: Sequence[tuple[int, torch.Tensor]],
-        recvs: Sequence[tuple[int, torch.Tensor]],
-        what: str,
-    ) -> Round:
-        """Post every (peer, tensor) receive and send of one round; wait on the returned Round."""
-        round_ = Round(self, what)
-        for peer, tensor in recvs:
-            work = dist.irecv(tensor, peer, group=self.group, tag=TAG) if tensor.numel() else None
-            round_.recvs.append((peer, work))
-        for peer, tensor in sends:
-            if tensor.numel():
-                work = dist.isend(tensor, peer, group=self.group, tag=TAG)
-                assert work is not None  # isend always returns a Work
-                round_.sends.append((peer, work))
-                self.sent_bytes += tensor.numel() * tensor.element_size()
-        return round_
+    def irecv(self, peer: int, tensor: torch.Tensor, what: str) -> Transfer:
+        """Post a receive from `peer` into `tensor` (nothing for an empty tensor)."""
+        work = dist.irecv(tensor, peer, group=self.group, tag=TAG) if tensor.numel() else None
+        return Transfer(self, peer, "from", what, work)
+
+    def isend(self, peer: int, tensor: torch.Tensor, what: str) -> Transfer:
+        """Send `tensor` to `peer`; it must not change until the transfer is waited for."""
+        work = None
+        if tensor.numel():
+            work = dist.isend(tensor, peer, group=self.group, tag=TAG)
+            self.sent_bytes += tensor.numel() * tensor.element_size()
+        return Transfer(self, peer, "to", what, work)
 
     def exchange(
         self,
@@ -97,8 +94,11 @@ class CommGroup:
         recvs: Sequence[tuple[int, torch.Tensor]],
         what: str,
     ) -> None:
-        """One round: post every send and receive, then wait for all of them."""
-        self.post(sends, recvs, what).wait_all()
+        """One round: post every receive, then every send, then wait for all of them."""
+        transfers = [self.irecv(peer, tensor, what) for peer, tensor in recvs]
+        transfers += [self.isend(peer, tensor, what) for peer, tensor in sends]
+        for transfer in transfers:
+            transfer.wait()
 
     def wait(self, work: dist.Work, peer: int, direction: str, what: str) -> None:
         verb = "receiving from" if direction == "from" else "sending to"
@@ -114,23 +114,16 @@ class CommGroup:
 
 
 @dataclass
-class Round:
-    """The operations of one posted round; receives can be consumed one by one as they land."""
+class Transfer:
+    """One posted send or receive."""
 
     links: CommGroup
+    peer: int
+    direction: str
     what: str
-    recvs: list[tuple[int, dist.Work | None]] = field(default_factory=list)
-    sends: list[tuple[int, dist.Work]] = field(default_factory=list)
+    work: dist.Work | None
 
-    def wait_recv(self, index: int) -> None:
-        """Wait for the `index`-th posted receive (in the order they were given)."""
-        peer, work = self.recvs[index]
-        if work is not None:
-            self.links.wait(work, peer, "from", self.what)
-            self.recvs[index] = (peer, None)
-
-    def wait_all(self) -> None:
-        for index in range(len(self.recvs)):
-            self.wait_recv(index)
-        for peer, work in self.sends:
-            self.links.wait(work, peer, "to", self.what)
+    def wait(self) -> None:
+        if self.work is not None:
+            self.links.wait(self.work, self.peer, self.direction, self.what)
+            self.work = None

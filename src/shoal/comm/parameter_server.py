@@ -52,14 +52,24 @@ class ParameterServerAllReduce(BlockingAggregator):
         mine = slices[me] if serving else (0, 0)
         width = mine[1] - mine[0]
         rows = self.scratch(tensor.dtype, n * width).view(n, width)
-        # push: every slice to its server; a server collects its slice from every rank
-        sends = [(s, tensor[a:b]) for s, (a, b) in enumerate(slices) if s != me]
-        recvs = [(r, rows[r]) for r in range(n) if r != me] if serving else []
-        self.links.exchange(sends, recvs, "parameter server push")
-        if serving and width:
-            rows[me].copy_(tensor[mine[0] : mine[1]])
-            torch.sum(rows, dim=0, out=tensor[mine[0] : mine[1]])
-        # pull: a server sends its summed slice to every rank; every rank receives the others
-        sends = [(r, tensor[mine[0] : mine[1]]) for r in range(n) if r != me] if serving else []
-        recvs = [(s, tensor[a:b]) for s, (a, b) in enumerate(slices) if s != me]
-        self.links.exchange(sends, recvs, "parameter server pull")
+        what = "parameter server"
+        # post every receive first: the pushes to this server, and the pulls of every slice
+        # (a pulled slice can only arrive after this rank's own push of it has gone out)
+        pushed = [self.links.irecv(r, rows[r], what) for r in range(n) if r != me and serving]
+        pulled = [
+            self.links.irecv(s, tensor[a:b], what) for s, (a, b) in enumerate(slices) if s != me
+        ]
+        sends = [
+            self.links.isend(s, tensor[a:b], what) for s, (a, b) in enumerate(slices) if s != me
+        ]
+        if serving:
+            for transfer in pushed:
+                transfer.wait()
+            if width:  # the sum in rank order, once, by the slice's server
+                rows[me].copy_(tensor[mine[0] : mine[1]])
+                torch.sum(rows, dim=0, out=tensor[mine[0] : mine[1]])
+            sends += [
+                self.links.isend(r, tensor[mine[0] : mine[1]], what) for r in range(n) if r != me
+            ]
+        for transfer in pulled + sends:
+            transfer.wait()

@@ -9,8 +9,8 @@ sends 2 (n - 1) / n of the bucket, the lower bound for an all-reduce, which is
 why the ring is bandwidth-optimal; it pays 2 (n - 1) latencies for it.
 
 Every chunk is summed once, along one path, and then copied: all ranks end
-with bit-identical sums. Within a step, large chunks travel as segments that are
-added as soon as each lands, overlapping the arithmetic with the transfer.
+with bit-identical sums. Chunks travel as segments, each forwarded as soon as
+it is summed, so arithmetic and transfers overlap along the ring.
 """
 
 from __future__ import annotations
@@ -20,16 +20,28 @@ from collections.abc import Sequence
 import torch
 
 from shoal.comm.aggregators import BlockingAggregator
-from shoal.comm.links import CommGroup, rank_chunks
+from shoal.comm.links import CommGroup, Transfer, rank_chunks
 
-#: large chunks are sent as segments of this size, each added as soon as it arrives
+#: chunks travel as segments of at most this size, each forwarded as soon as it is summed
 SEGMENT_BYTES = 1 << 20
+
+
+def _segments(start: int, end: int, segment: int) -> list[tuple[int, int]]:
+    return [(a, min(a + segment, end)) for a in range(start, end, segment)]
 
 
 def ring_all_reduce_(
     links: CommGroup, tensor: torch.Tensor, ranks: Sequence[int], scratch: torch.Tensor
 ) -> None:
-    """Sum `tensor` over `ranks` (this rank among them) in place; `scratch` holds a chunk."""
+    """Sum `tensor` over `ranks` (this rank among them) in place.
+
+    `scratch` holds (n - 1) chunks. Every receive is posted first (reduce-scatter
+    segments into `scratch`, all-gather segments straight into `tensor`), so each
+    send finds its receive waiting; then segments are pipelined: each one is
+    summed (or, in the all-gather, received) and forwarded to the right
+    neighbour at once. Receiving into `tensor` early is safe: a chunk's final
+    sum can only arrive after this rank has added to it and sent it on.
+    """
     n = len(ranks)
     if n == 1 or tensor.numel() == 0:
         return
@@ -37,36 +49,55 @@ def ring_all_reduce_(
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
     chunks = rank_chunks(tensor.numel(), n)
     segment = max(1, SEGMENT_BYTES // tensor.element_size())
-    for step in range(n - 1):  # reduce-scatter
-        s0, s1 = chunks[(me - step) % n]
-        r0, r1 = chunks[(me - step - 1) % n]
-        sends = [(right, tensor[a : min(a + segment, s1)]) for a in range(s0, s1, segment)]
-        parts = [(a, min(a + segment, r1)) for a in range(r0, r1, segment)]
-        recvs = [(left, scratch[a - r0 : b - r0]) for a, b in parts]
-        round_ = links.post(sends, recvs, "ring all-reduce (reduce-scatter)")
-        for index, (a, b) in enumerate(parts):
-            round_.wait_recv(index)
-            tensor[a:b].add_(scratch[a - r0 : b - r0])
-        round_.wait_all()
-    for step in range(n - 1):  # all-gather
-        s0, s1 = chunks[(me + 1 - step) % n]
-        r0, r1 = chunks[(me - step) % n]
-        links.exchange(
-            [(right, tensor[s0:s1])], [(left, tensor[r0:r1])], "ring all-reduce (all-gather)"
-        )
+    what = "ring all-reduce"
+    reduce_scatter: list[list[tuple[Transfer, torch.Tensor, torch.Tensor]]] = []
+    used = 0
+    for step in range(n - 1):  # step s sums chunk me - s - 1
+        parts = []
+        for a, b in _segments(*chunks[(me - step - 1) % n], segment):
+            incoming = scratch[used : used + b - a]
+            used += b - a
+            parts.append((links.irecv(left, incoming, what), incoming, tensor[a:b]))
+        reduce_scatter.append(parts)
+    all_gather = [  # step s receives the final chunk me - s
+        [
+            (links.irecv(left, tensor[a:b], what), tensor[a:b])
+            for a, b in _segments(*chunks[(me - step) % n], segment)
+        ]
+        for step in range(n - 1)
+    ]
+    sends = [links.isend(right, tensor[a:b], what) for a, b in _segments(*chunks[me], segment)]
+    for parts in reduce_scatter:  # the last step's sums are final: they start the all-gather
+        for transfer, incoming, target in parts:
+            transfer.wait()
+            target.add_(incoming)
+            sends.append(links.isend(right, target, what))
+    for step, parts in enumerate(all_gather):
+        for transfer, target in parts:
+            transfer.wait()
+            if step < n - 2:
+                sends.append(links.isend(right, target, what))
+    for transfer in sends:
+        transfer.wait()
 
 
 def ring_all_gather_(links: CommGroup, rows: torch.Tensor, ranks: Sequence[int]) -> None:
-    """Fill every row of `rows` ([len(ranks), n]; row i belongs to ranks[i]) from its owner."""
+    """Fill every row of `rows` ([len(ranks), n]; row i belongs to ranks[i]) from its owner:
+    each row travels around the ring once, forwarded as soon as it arrives."""
     n = len(ranks)
+    if n == 1 or rows.numel() == 0:
+        return
     me = ranks.index(links.rank)
     right, left = ranks[(me + 1) % n], ranks[(me - 1) % n]
-    for step in range(n - 1):
-        links.exchange(
-            [(right, rows[(me - step) % n])],
-            [(left, rows[(me - step - 1) % n])],
-            "ring all-gather",
-        )
+    what = "ring all-gather"
+    recvs = [links.irecv(left, rows[(me - step - 1) % n], what) for step in range(n - 1)]
+    sends = [links.isend(right, rows[me], what)]
+    for step, transfer in enumerate(recvs):
+        transfer.wait()
+        if step < n - 2:
+            sends.append(links.isend(right, rows[(me - step - 1) % n], what))
+    for transfer in sends:
+        transfer.wait()
 
 
 class RingAllReduce(BlockingAggregator):
@@ -76,8 +107,7 @@ class RingAllReduce(BlockingAggregator):
 
     def all_reduce_(self, tensor: torch.Tensor) -> None:
         ranks = list(range(self.world_size))
-        longest = -(-tensor.numel() // self.world_size)
-        ring_all_reduce_(self.links, tensor, ranks, self.scratch(tensor.dtype, longest))
+        ring_all_reduce_(self.links, tensor, ranks, self.scratch(tensor.dtype, tensor.numel()))
 
     def all_gather(self, tensor: torch.Tensor) -> torch.Tensor:
         rows = torch.empty(self.world_size, tensor.numel(), dtype=tensor.dtype)
