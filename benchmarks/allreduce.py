@@ -5,7 +5,8 @@
 
 For each world size, N processes join a gloo group on 127.0.0.1 and time
 `aggregator.start(bucket).wait()` (what training does: the p2p methods run on
-their communication thread) for each message size. Methods alternate within
+their communication thread) for each message size; `--blocking` times the
+algorithm alone (`all_reduce_` in the calling thread). Methods alternate within
 each round, so a noisy machine slows them alike; the reported time is the
 median over rounds of the slowest rank's mean time per reduction.
 
@@ -57,6 +58,16 @@ def _iterations(size: int) -> int:
     return max(3, min(200, (100 << 20) // max(size, 1) // 8))
 
 
+def _overlapped(aggregator: Any) -> Any:
+    """What training does: start (on the communication thread, for p2p methods), then wait."""
+    return lambda bucket: aggregator.start(bucket).wait()
+
+
+def _blocking(aggregator: Any) -> Any:
+    """The algorithm alone, in the calling thread (native: a blocking all_reduce)."""
+    return aggregator.all_reduce_
+
+
 def _worker(rank: int, world_size: int, store: str, args: argparse.Namespace, out: str) -> None:
     loopback = loopback_interface()
     if loopback:
@@ -84,11 +95,12 @@ def _worker(rank: int, world_size: int, store: str, args: argparse.Namespace, ou
         per_method: dict[str, list[float]] = {name: [] for name in aggregators}
         for _ in range(args.rounds):
             for name, aggregator in aggregators.items():
-                aggregator.start(bucket).wait()  # warm-up: connections, scratch buffers
+                reduce = _blocking(aggregator) if args.blocking else _overlapped(aggregator)
+                reduce(bucket)  # warm-up: connections, scratch buffers
                 dist.barrier()
                 started = time.perf_counter()
                 for _ in range(iterations):
-                    aggregator.start(bucket).wait()
+                    reduce(bucket)
                 elapsed = torch.tensor([(time.perf_counter() - started) / iterations])
                 dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
                 per_method[name].append(float(elapsed.item()))
@@ -146,6 +158,11 @@ def main() -> None:
     parser.add_argument("--sizes", type=int, nargs="+", default=SIZES, help="bytes")
     parser.add_argument("--methods", nargs="+", default=list(methods(2)))
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--blocking",
+        action="store_true",
+        help="time the blocking all_reduce_ in the calling thread instead of start().wait()",
+    )
     args = parser.parse_args()
     if "native" not in args.methods:
         args.methods.insert(0, "native")
