@@ -25,11 +25,13 @@ def test_there_are_examples() -> None:
 
 @pytest.mark.parametrize("example", EXAMPLES, ids=[p.name for p in EXAMPLES])
 def test_example_validates_and_runs(example: Path, tmp_path: Path) -> None:
-    load_config(example)
+    config = load_config(example)
+    # three steps, or three rounds for a federated run (whose length is its rounds)
+    length = "strategy.rounds=3" if config.strategy.type == "federated" else "train.max_steps=3"
     results = shoal.train(
         example,
         overrides=[
-            "train.max_steps=3",
+            length,
             f"run.dir={tmp_path}",
             "monitor.progress=off",
             "checkpoint.every_epochs=0",

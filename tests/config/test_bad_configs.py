@@ -56,15 +56,17 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
     ),
     (
         "unknown strategy",
-        GOOD + '\n[strategy]\ntype = "federated"\n',
+        GOOD + '\n[strategy]\ntype = "gossip"\n',
         [],
-        "bad.toml:9: strategy.type: unknown value 'federated'; choose one of: local, data_parallel",
+        "bad.toml:9: strategy.type: unknown value 'gossip'; choose one of: local, data_parallel, "
+        "federated",
     ),
     (
         "strategy without type",
         GOOD + "\n[strategy]\nnum_replicas = 2\n",
         [],
-        "bad.toml:8: strategy.type: required, but missing; choose one of: local, data_parallel",
+        "bad.toml:8: strategy.type: required, but missing; choose one of: local, data_parallel, "
+        "federated",
     ),
     (
         "zero replicas",

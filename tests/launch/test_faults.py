@@ -92,3 +92,16 @@ def test_user_error_in_workers_is_one_line(tmp_path: Path) -> None:
     assert done.stderr.strip().splitlines() == [
         f"{tmp_path / 'data.csv'}:3: column 'b': not a number: 'x'"
     ]
+
+
+def test_workers_that_do_not_start_in_time_are_named(tmp_path: Path) -> None:
+    """start_timeout_s bounds the start-up (separately from collectives' timeout_s)."""
+    (tmp_path / "job.toml").write_text(
+        '[task]\ntype = "classification"\n[train]\nepochs = 1\nbatch_size = 8\n'
+        '[strategy]\ntype = "data_parallel"\n[faults]\nstart_timeout_s = 0.2\n'
+    )
+    done = run_shoal("train", "job.toml", cwd=tmp_path, timeout=60)
+    assert done.returncode == 1
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("rank ")
+    assert "did not start within 0.2 s (faults.start_timeout_s)" in lines[0]

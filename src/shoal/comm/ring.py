@@ -72,8 +72,8 @@ def ring_all_reduce_(
             transfer.wait()
             target.add_(incoming)
             sends.append(links.isend(right, target, what))
-    for step, parts in enumerate(all_gather):
-        for transfer, target in parts:
+    for step, gathered in enumerate(all_gather):
+        for transfer, target in gathered:
             transfer.wait()
             if step < n - 2:
                 sends.append(links.isend(right, target, what))

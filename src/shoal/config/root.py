@@ -22,7 +22,7 @@ class ShoalConfig(ConfigModel):
     task: TaskConfig = Field(..., description="What is trained: model, data and loss.")
     strategy: StrategyConfig = Field(
         default_factory=LocalStrategyConfig,
-        description="How the work is distributed: type = local | data_parallel.",
+        description="How the work is distributed: type = local | data_parallel | federated.",
     )
     train: TrainConfig = Field(..., description="Optimization: steps, batch, optimizer.")
     checkpoint: CheckpointConfig = Field(
@@ -33,6 +33,29 @@ class ShoalConfig(ConfigModel):
     faults: FaultsConfig = Field(
         default_factory=FaultsConfig, description="Timeouts and fault injection."
     )
+
+    # Rules that span sections. A strategy config may define `check_train(train)` and
+    # `check_faults(faults)` (raising ValueError) for rules of its own; the message is
+    # then reported at `train` or `faults`.
+    @field_validator("train")
+    @classmethod
+    def _training_length(cls, train: TrainConfig, info: ValidationInfo) -> TrainConfig:
+        if "strategy" not in info.data:
+            return train  # the strategy is invalid: its own error says so
+        check = getattr(info.data["strategy"], "check_train", None)
+        if check is not None:
+            check(train)
+        elif train.epochs is None and train.max_steps is None:
+            raise ValueError("set epochs or max_steps (or both: whichever comes first)")
+        return train
+
+    @field_validator("faults")
+    @classmethod
+    def _strategy_faults(cls, faults: FaultsConfig, info: ValidationInfo) -> FaultsConfig:
+        check = getattr(info.data.get("strategy"), "check_faults", None)
+        if check is not None:
+            check(faults)
+        return faults
 
     @field_validator("train")
     @classmethod

@@ -67,7 +67,13 @@ class FaultsConfig(ConfigModel):
     """Timeouts that turn a lost worker into a clear error instead of a hang."""
 
     timeout_s: float = Field(
-        300.0, gt=0, description="Longest wait for any collective or for workers to join."
+        300.0, gt=0, description="Longest wait for any collective (a worker not answering)."
+    )
+    start_timeout_s: float = Field(
+        120.0,
+        gt=0,
+        description="Longest wait for every worker process to start and join the job "
+        "(importing torch takes seconds, more on a busy machine).",
     )
     heartbeat_interval_s: float = Field(
         1.0, gt=0, description="How often each worker reports that it is alive."

@@ -12,6 +12,7 @@ from pydantic import Field, model_validator
 
 from shoal.config.aggregation import AggregationConfig, NativeAggregationConfig
 from shoal.config.base import ConfigModel, fill_default_tag
+from shoal.strategies.federated.config import FederatedStrategyConfig
 
 
 class LocalStrategyConfig(ConfigModel):
@@ -52,5 +53,6 @@ class DataParallelStrategyConfig(ConfigModel):
 
 
 StrategyConfig = Annotated[
-    LocalStrategyConfig | DataParallelStrategyConfig, Field(discriminator="type")
+    LocalStrategyConfig | DataParallelStrategyConfig | FederatedStrategyConfig,
+    Field(discriminator="type"),
 ]

@@ -133,8 +133,8 @@ class TrainConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
-        if self.epochs is None and self.max_steps is None:
-            raise ValueError("set epochs or max_steps (or both: whichever comes first)")
+        # "set epochs or max_steps" is checked by the root config: some strategies
+        # (federated rounds) define the run's length themselves
         if self.mixed_precision == "fp16" and self.on_nonfinite == "halt":
             raise ValueError(
                 'mixed_precision = "fp16" overflows now and then by design (the loss scale then '

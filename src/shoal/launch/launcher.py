@@ -24,7 +24,7 @@ from typing import IO
 import torch.distributed as dist
 
 from shoal.config import ShoalConfig
-from shoal.errors import JobFailed, ShoalError
+from shoal.errors import EXIT_FAILURE, EXIT_HALTED, JobFailed, ShoalError, TrainingHalted
 from shoal.launch.process_group import LAUNCHER_ENV, loopback_interface
 from shoal.launch.reports import read_report
 from shoal.run import RunPaths
@@ -63,7 +63,7 @@ class LocalLauncher:
             "127.0.0.1",
             port,
             is_master=True,
-            timeout=datetime.timedelta(seconds=self.config.faults.timeout_s),
+            timeout=datetime.timedelta(seconds=self.config.faults.start_timeout_s),
             wait_for_workers=False,
             master_listen_fd=listener.detach(),
         )
@@ -157,10 +157,10 @@ class LocalLauncher:
                 continue
             beat = read_heartbeat(store, worker.rank)
             if beat is None:
-                if running_for > faults.timeout_s:
+                if running_for > faults.start_timeout_s:
                     return (
-                        f"rank {worker.rank} did not start within {faults.timeout_s:.0f} s "
-                        f"(faults.timeout_s); see {self.paths.log_file(worker.rank)}"
+                        f"rank {worker.rank} did not start within {faults.start_timeout_s:g} s "
+                        f"(faults.start_timeout_s); see {self.paths.log_file(worker.rank)}"
                     )
                 continue
             silent = time.time() - beat[0]
@@ -205,9 +205,15 @@ class LocalLauncher:
         report = reports.get(culprit.rank)
         log = self.paths.log_file(culprit.rank)
         if report and report.get("user_error"):
-            error = ShoalError(*(report.get("lines") or [report.get("message", "")]))
-            error.exit_code = int(report.get("exit_code", error.exit_code))  # e.g. a halt: 3
-            return error
+            lines = report.get("lines") or [report.get("message", "")]
+            # a ShoalError raised at run time keeps its exit code: JobFailed (e.g. a federated
+            # round without enough clients), TrainingHalted (non-finite gradients)
+            code = report.get("exit_code")
+            if code == EXIT_FAILURE:
+                return JobFailed(*lines)
+            if code == EXIT_HALTED:
+                return TrainingHalted(*lines)
+            return ShoalError(*lines)
         if report and report.get("step", -1) >= 0:
             where = f" at step {report['step']}"
         elif culprit.rank in steps and steps[culprit.rank] >= 0:

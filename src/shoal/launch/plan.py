@@ -33,14 +33,7 @@ def _workers_override(config: ShoalConfig, workers: int | None) -> list[str]:
         return []
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
-    if config.strategy.type == "local":
-        if workers == 1:
-            return []
-        raise ConfigError(
-            f"--workers {workers}: strategy 'local' runs one process; set "
-            '[strategy] type = "data_parallel" to train on several workers'
-        )
-    return [f"strategy.num_replicas={workers}"]
+    return strategy_class(config.strategy.type).workers_override(workers)
 
 
 def plan_job(

@@ -62,13 +62,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = load_config(paths.config)
         faults = config.faults
-        heartbeat = Heartbeat(host, port, rank, faults.heartbeat_interval_s, faults.timeout_s)
+        heartbeat = Heartbeat(host, port, rank, faults.heartbeat_interval_s, faults.start_timeout_s)
+        # joining waits for the slowest worker to start; collectives then use faults.timeout_s
         store = dist.TCPStore(
             host,
             port,
             world_size,
             is_master=False,
-            timeout=datetime.timedelta(seconds=faults.timeout_s),
+            timeout=datetime.timedelta(seconds=faults.start_timeout_s),
             wait_for_workers=False,
         )
         device, backend = join_process_group(config, placement, store)

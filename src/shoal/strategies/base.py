@@ -17,6 +17,7 @@ from typing import Any, ClassVar
 from torch import nn
 
 from shoal.config.root import ShoalConfig
+from shoal.errors import ConfigError
 from shoal.runtime.context import WorkerContext
 from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync
@@ -36,6 +37,17 @@ class Strategy(ABC):
     def world_size(cls, config: ShoalConfig) -> int:
         """Worker processes the local launcher starts for this config."""
         return 1
+
+    @classmethod
+    def workers_override(cls, workers: int) -> list[str]:
+        """The `--set` items that make this strategy start `workers` worker processes."""
+        if workers == 1:
+            return []
+        name = cls.__name__.removesuffix("Strategy").lower()
+        raise ConfigError(
+            f"--workers {workers}: strategy '{name}' runs one process; set "
+            '[strategy] type = "data_parallel" to train on several workers'
+        )
 
     @abstractmethod
     def attach(self, model: nn.Module) -> GradientSync:

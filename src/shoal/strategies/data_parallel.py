@@ -39,6 +39,10 @@ class DataParallelStrategy(Strategy):
         assert isinstance(config.strategy, DataParallelStrategyConfig)
         return config.strategy.num_replicas
 
+    @classmethod
+    def workers_override(cls, workers: int) -> list[str]:
+        return [f"strategy.num_replicas={workers}"]
+
     @property
     def config(self) -> DataParallelStrategyConfig:
         config = self.ctx.config.strategy

@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from shoal.errors import ShoalError
 from shoal.runtime.context import WorkerContext
 
 
@@ -70,6 +71,24 @@ class Task(ABC):
     def eval_splits(self) -> list[str]:
         """The held-out splits evaluated during training."""
         return ["valid"]
+
+    def sample_labels(self) -> torch.Tensor | None:
+        """The class label of each training sample, or None when the task has no labels.
+
+        Used to split data by label (e.g. federated clients with Dirichlet label skew).
+        """
+        return None
+
+    def load_train_files(self, paths: list[str]) -> list[int]:
+        """Replace the training samples by the concatenation of `paths`; their sample counts.
+
+        For strategies whose participants hold their own data files (federated
+        clients): a worker loads only the files of the participants it hosts.
+        """
+        raise ShoalError(
+            f"task {self.ctx.config.task.type} cannot read per-client training files; "
+            'use strategy.partition kind = "iid" or "dirichlet"'
+        )
 
 
 def move_to(batch: Any, device: torch.device) -> Any:

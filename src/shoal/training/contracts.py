@@ -77,14 +77,16 @@ class LocalGradientSync(GradientSync):
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
+        self.named = list(model.named_parameters())
+        self.params = [param for _, param in self.named]
         self._nonfinite: list[str] = []
 
     def zero_grad(self) -> None:
-        for param in self.model.parameters():
+        for param in self.params:
             param.grad = None
 
     def finish(self) -> float:
-        named = [(n, p.grad) for n, p in self.model.named_parameters() if p.grad is not None]
+        named = [(n, p.grad) for n, p in self.named if p.grad is not None]
         self._nonfinite = nonfinite_names(named)
         if self.loss_scale != 1.0:
             for _, grad in named:

@@ -50,10 +50,11 @@ class Learner:
         self.sync = sync
         self.train = train
         self.share = share
+        self.device = next(model.parameters()).device
         self.optimizer = build_optimizer(model.parameters(), train.optimizer)
         self.scheduler = build_scheduler(self.optimizer, train, total_steps)
         self.total_steps = total_steps
-        self.precision = Precision(train.mixed_precision, next(model.parameters()).device)
+        self.precision = Precision(train.mixed_precision, self.device)
 
     @property
     def lr(self) -> float:
@@ -71,7 +72,7 @@ class Learner:
         self.sync.zero_grad()
         self.sync.loss_scale = loss_scale
         self.sync.begin_step()
-        loss_sum = torch.zeros((), device=next(self.model.parameters()).device)
+        loss_sum = torch.zeros((), device=self.device)
         sums: dict[str, torch.Tensor] = {}
         parts = micro_batches(local, self.train.micro_batches)
         for index, part in enumerate(parts):

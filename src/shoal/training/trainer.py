@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.checkpoint.manager import CheckpointManager, load_checkpoint
@@ -43,6 +44,39 @@ class InjectedFault(RuntimeError):
 
 def _nothing() -> None:
     return None
+
+
+def inject_fault(
+    ctx: WorkerContext, step: int, model: nn.Module | None = None
+) -> Callable[[], None]:
+    """`[faults.inject]`: break this rank on purpose at `step` (a round, for round-based
+    strategies). A resumed run is never broken again, so a run failed on purpose can
+    be resumed (which is what the tests of resume do). Returns what undoes the fault
+    after the step: `nan` turns this step's gradient of `model`'s first parameter
+    into NaN, through a hook removed afterwards."""
+    fault = ctx.config.faults.inject
+    if fault is None or ctx.resume_from or fault.rank != ctx.rank or fault.step != step:
+        return _nothing
+    ctx.log.error("fault injection: %s at step %d", fault.kind, step)
+    if fault.kind == "nan":
+        if model is None:
+            raise ShoalError(
+                'faults.inject: kind = "nan" poisons a gradient step; this strategy injects it '
+                "nowhere (use raise, exit or hang)"
+            )
+        first = next(p for p in model.parameters() if p.requires_grad)
+        hook = first.register_hook(lambda grad: torch.full_like(grad, float("nan")))
+        return hook.remove
+    if fault.kind == "raise":
+        raise InjectedFault(f"injected fault at step {step}")
+    if fault.kind == "exit":
+        for handler in ctx.log.handlers:
+            handler.flush()
+        os._exit(INJECTED_EXIT_CODE)
+    if ctx.heartbeat is not None:
+        ctx.heartbeat.stop()
+    while True:  # kind == "hang": a frozen worker, as far as anyone can tell
+        time.sleep(3600)
 
 
 class Trainer:
@@ -269,33 +303,7 @@ class Trainer:
         ctx.log.info("resumed from %s at step %d (epoch %d)", path, meta["step"], meta["epoch"])
 
     def _maybe_inject_fault(self) -> Callable[[], None]:
-        """`[faults.inject]`: break this rank on purpose. A resumed run is never broken again,
-        so a run failed on purpose can be resumed (which is what the tests of resume do).
-        Returns what undoes the fault after the step (for `nan`)."""
-        fault = self.ctx.config.faults.inject
-        step = self.progress.global_step
-        if (
-            fault is None
-            or self.ctx.resume_from
-            or fault.rank != self.ctx.rank
-            or fault.step != step
-        ):
-            return _nothing
-        self.ctx.log.error("fault injection: %s at step %d", fault.kind, step)
-        if fault.kind == "nan":  # this step's gradient of the first parameter becomes NaN
-            first = next(p for p in self.learner.model.parameters() if p.requires_grad)
-            hook = first.register_hook(lambda grad: torch.full_like(grad, float("nan")))
-            return hook.remove
-        if fault.kind == "raise":
-            raise InjectedFault(f"injected fault at step {step}")
-        if fault.kind == "exit":
-            for handler in self.ctx.log.handlers:
-                handler.flush()
-            os._exit(INJECTED_EXIT_CODE)
-        if self.ctx.heartbeat is not None:
-            self.ctx.heartbeat.stop()
-        while True:  # kind == "hang": a frozen worker, as far as anyone can tell
-            time.sleep(3600)
+        return inject_fault(self.ctx, self.progress.global_step, self.learner.model)
 
     # ---------------------------------------------------------------- results
     def _finish(self, wall_s: float) -> dict[str, Any]:

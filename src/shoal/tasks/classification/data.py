@@ -228,6 +228,18 @@ def _read_file(path: Path, config: FileDataConfig) -> tuple[np.ndarray, np.ndarr
     return _read_csv(path, config.label_column)
 
 
+def read_train_files(paths: list[str], config: FileDataConfig | None) -> list[TensorSamples]:
+    """Each file's samples, read with task.data's format options when it has them."""
+    options = config or FileDataConfig.model_construct(
+        path="", label_column=None, features_key="x", labels_key="y"
+    )
+    samples = []
+    for path in paths:
+        x, y = _read_file(Path(path), options)
+        samples.append(TensorSamples(torch.from_numpy(x), torch.from_numpy(y)))
+    return samples
+
+
 def load_files(config: FileDataConfig) -> ClassificationData:
     x, y = _read_file(Path(config.path), config)
     if config.valid_path is None:

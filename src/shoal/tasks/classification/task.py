@@ -20,9 +20,11 @@ from shoal.tasks.classification.config import (
 )
 from shoal.tasks.classification.data import (
     ClassificationData,
+    TensorSamples,
     call_factory,
     load_files,
     make_synthetic,
+    read_train_files,
 )
 from shoal.tasks.classification.model import build_mlp
 
@@ -54,6 +56,27 @@ class ClassificationTask(Task):
     @property
     def train_size(self) -> int:
         return len(self.data.train)
+
+    def sample_labels(self) -> torch.Tensor:
+        return self.data.train.all_labels()
+
+    def load_train_files(self, paths: list[str]) -> list[int]:
+        """Per-client files in task.data's format; the model's shape still comes from task.data."""
+        options = self.config.data if isinstance(self.config.data, FileDataConfig) else None
+        parts = read_train_files(paths, options)
+        width = self.data.input_features()
+        for path, part in zip(paths, parts, strict=True):
+            if len(part) and int(part.features[0].numel()) != width:
+                raise ShoalError(
+                    f"{path}: samples have {int(part.features[0].numel())} features, "
+                    f"task.data has {width}"
+                )
+        if self.data.num_classes is None:  # fix the class count before the samples change
+            self.data.num_classes = self.data.classes()
+        self.data.train = TensorSamples(
+            torch.cat([p.features for p in parts]), torch.cat([p.labels for p in parts])
+        )
+        return [len(p) for p in parts]
 
     def build_model(self) -> nn.Module:
         if self.data.model is not None:
