@@ -10,6 +10,7 @@ from __future__ import annotations
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USER_ERROR = 2
+EXIT_HALTED = 3
 
 
 class ShoalError(Exception):
@@ -34,3 +35,14 @@ class JobFailed(ShoalError):
     """A training job failed at run time (a worker raised, died or hung)."""
 
     exit_code = EXIT_FAILURE
+
+
+class TrainingHalted(ShoalError):
+    """Training stopped on purpose, before an update that would corrupt the model.
+
+    Seed 004's "Jidoka": a worker's gradient held NaN or Inf. Every worker stops
+    before the optimizer step, so the newest checkpoint is the last good state.
+    A distinct exit code tells schedulers not to retry blindly.
+    """
+
+    exit_code = EXIT_HALTED

@@ -52,7 +52,7 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         [],
         "bad.toml:7: train.learning_rate: unknown key; allowed here: batch_size, drop_last, epochs, "
         "eval_batch_size, eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, "
-        "min_lr_ratio, optimizer, seed, shuffle, warmup_steps",
+        "min_lr_ratio, mixed_precision, on_nonfinite, optimizer, seed, shuffle, warmup_steps",
     ),
     (
         "unknown strategy",
@@ -198,7 +198,8 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         ["--set", "train.epoch=3"],
         "--set: train.epoch: unknown key; did you mean 'epochs'? allowed here: batch_size, drop_last, "
         "epochs, eval_batch_size, eval_every_epochs, grad_clip_norm, lr_decay, max_steps, "
-        "micro_batches, min_lr_ratio, optimizer, seed, shuffle, warmup_steps",
+        "micro_batches, min_lr_ratio, mixed_precision, on_nonfinite, optimizer, seed, shuffle, "
+        "warmup_steps",
     ),
 ]
 

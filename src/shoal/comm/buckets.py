@@ -20,8 +20,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.comm.aggregators import Aggregator, PendingReduction
+from shoal.comm.aggregators import Aggregator, BucketSpec, PendingReduction
 from shoal.training.contracts import GradientSync
+from shoal.training.nonfinite import agree_on_nonfinite, is_finite, nonfinite_names
 
 FIRST_BUCKET_BYTES = 1 << 20  # a small first bucket starts communication early, as in DDP
 
@@ -94,10 +95,17 @@ class BucketedGradientSync(GradientSync):
                 self._bucket_of[id(param)] = (bucket, slot)
                 param.grad = bucket.views[slot]
                 param.register_post_accumulate_grad_hook(self._on_grad_ready)
+        aggregator.bind(
+            [
+                BucketSpec(b.index, b.buffer, tuple(b.names), tuple(p.shape for p in b.params))
+                for b in self.buckets
+            ]
+        )
         self._armed = False
         self._next_launch = 0
         self._ready: list[bool] = [False] * len(self.buckets)
         self._handles: list[PendingReduction] = []
+        self._nonfinite: list[str] = []
 
     def begin_step(self) -> None:
         for buffer in self.buffers:
@@ -117,6 +125,7 @@ class BucketedGradientSync(GradientSync):
         self._ready = [False] * len(self.buckets)
         self._next_launch = 0
         self._handles = []
+        self._nonfinite = []
 
     @contextmanager
     def accumulate(self, last: bool) -> Iterator[None]:
@@ -143,8 +152,21 @@ class BucketedGradientSync(GradientSync):
     def _launch_ready(self) -> None:
         while self._next_launch < len(self.buckets) and self._ready[self._next_launch]:
             bucket = self.buckets[self._next_launch]
+            self._prepare(bucket)
             self._handles.append(self.aggregator.start(bucket.buffer))
             self._next_launch += 1
+
+    def _prepare(self, bucket: Bucket) -> None:
+        """Unscale, and keep non-finite local gradients away from peers and compression state.
+
+        The check must happen here, before the bucket is summed in place: afterwards
+        a NaN from one rank is everywhere and nobody can tell whose it was.
+        """
+        if self.loss_scale != 1.0:
+            bucket.buffer.div_(self.loss_scale)
+        if not is_finite(bucket.buffer):
+            self._nonfinite += nonfinite_names(zip(bucket.names, bucket.views, strict=True))
+            bucket.buffer.zero_()
 
     def finish(self) -> float:
         """Launch buckets that never filled (unused parameters, empty shards), then wait.
@@ -169,3 +191,16 @@ class BucketedGradientSync(GradientSync):
 
     def bytes_per_step(self) -> int:
         return sum(b.buffer.numel() * b.buffer.element_size() for b in self.buckets)
+
+    def nonfinite(self) -> dict[int, list[str]]:
+        device = self.buckets[0].buffer.device if self.buckets else torch.device("cpu")
+        return agree_on_nonfinite(self._nonfinite, device)
+
+    def take_sent_bytes(self) -> int:
+        return self.aggregator.take_sent_bytes()
+
+    def rank_state_dict(self) -> dict[str, torch.Tensor]:
+        return self.aggregator.state_dict()
+
+    def load_rank_state_dict(self, state: dict[str, torch.Tensor]) -> None:
+        self.aggregator.load_state_dict(state)

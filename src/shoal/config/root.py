@@ -9,7 +9,7 @@ from pydantic import Field, ValidationInfo, field_validator
 from shoal.config.base import ConfigModel
 from shoal.config.sections import CheckpointConfig, FaultsConfig, MonitorConfig, RunConfig
 from shoal.config.strategy import LocalStrategyConfig, StrategyConfig
-from shoal.config.train import TrainConfig
+from shoal.config.train import SGDConfig, TrainConfig
 from shoal.tasks.classification.config import ClassificationTaskConfig
 
 # Further tasks join this union, discriminated by `type`.
@@ -57,3 +57,18 @@ class ShoalConfig(ConfigModel):
         if check is not None:
             check(faults)
         return faults
+
+    @field_validator("train")
+    @classmethod
+    def _momentum_in_one_place(cls, train: TrainConfig, info: ValidationInfo) -> TrainConfig:
+        """Deep Gradient Compression applies momentum before sparsifying: not a second time."""
+        aggregation = getattr(info.data.get("strategy"), "aggregation", None)
+        compression = getattr(aggregation, "compression", None)
+        if getattr(compression, "momentum_correction", 0.0) and not (
+            isinstance(train.optimizer, SGDConfig) and train.optimizer.momentum == 0
+        ):
+            raise ValueError(
+                "strategy.aggregation.compression.momentum_correction applies momentum before "
+                'sparsification: use optimizer kind = "sgd" with momentum = 0'
+            )
+        return train

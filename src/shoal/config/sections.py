@@ -56,8 +56,10 @@ class FaultInjection(ConfigModel):
 
     rank: int = Field(..., ge=0, description="Rank that fails.")
     step: int = Field(..., ge=0, description="Global step (0-based) at which it fails.")
-    kind: Literal["raise", "exit", "hang"] = Field(
-        "raise", description="raise an exception, exit abruptly, or stop responding."
+    kind: Literal["raise", "exit", "hang", "nan"] = Field(
+        "raise",
+        description="raise an exception, exit abruptly, stop responding, or (nan) turn this "
+        "rank's gradient of the first parameter into NaN at that step.",
     )
 
 

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
+from shoal.config.aggregation import AggregationConfig, NativeAggregationConfig
 from shoal.config.base import ConfigModel, fill_default_tag
 from shoal.strategies.federated.config import FederatedStrategyConfig
 from shoal.strategies.population.config import PopulationStrategyConfig
@@ -19,16 +20,6 @@ class LocalStrategyConfig(ConfigModel):
     """One process trains on the whole dataset."""
 
     type: Literal["local"] = "local"
-
-
-class NativeAggregationConfig(ConfigModel):
-    """The backend's own all-reduce (gloo or NCCL)."""
-
-    method: Literal["native"] = "native"
-
-
-# Aggregation methods beyond `native` join this union, discriminated by `method`.
-AggregationConfig = Annotated[NativeAggregationConfig, Field(discriminator="method")]
 
 
 class DataParallelStrategyConfig(ConfigModel):
@@ -52,7 +43,8 @@ class DataParallelStrategyConfig(ConfigModel):
     )
     aggregation: AggregationConfig = Field(
         default_factory=NativeAggregationConfig,
-        description="How gradients are combined: method = native (the default).",
+        description="How gradients are combined: method = native (the default) | ring | tree | "
+        "hierarchical | parameter_server | gossip, with optional compression.",
     )
 
     @model_validator(mode="before")

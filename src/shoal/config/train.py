@@ -113,6 +113,18 @@ class TrainConfig(ConfigModel):
         1, ge=0, description="Evaluate on the held-out split every N epochs (0: only at the end)."
     )
     seed: int = Field(0, ge=0, description="Seed for model initialization, shuffling and dropout.")
+    mixed_precision: Literal["off", "bf16", "fp16"] = Field(
+        "off",
+        description="Run forward and loss under autocast: bf16 (CPU or CUDA), or fp16 with a "
+        "dynamic loss scale (needs on_nonfinite = skip_step); parameters, gradients and the "
+        "optimizer stay float32.",
+    )
+    on_nonfinite: Literal["halt", "skip_step"] = Field(
+        "halt",
+        description="When any worker's gradient holds NaN or Inf: halt every worker before the "
+        "optimizer step (exit code 3, naming rank, step and parameters), or skip_step: skip "
+        "that update on every worker and count it.",
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -123,6 +135,11 @@ class TrainConfig(ConfigModel):
     def _check(self) -> TrainConfig:
         # "set epochs or max_steps" is checked by the root config: some strategies
         # (federated rounds) define the run's length themselves
+        if self.mixed_precision == "fp16" and self.on_nonfinite == "halt":
+            raise ValueError(
+                'mixed_precision = "fp16" overflows now and then by design (the loss scale then '
+                'backs off); set on_nonfinite = "skip_step"'
+            )
         if self.micro_batches > self.batch_size:
             raise ValueError(
                 f"micro_batches ({self.micro_batches}) cannot exceed batch_size ({self.batch_size})"

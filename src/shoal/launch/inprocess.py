@@ -18,10 +18,10 @@ from shoal.runtime.context import WorkerContext
 
 def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None) -> dict[str, Any]:
     fault = config.faults.inject
-    if fault is not None and (fault.kind != "raise" or fault.rank != 0):
+    if fault is not None and (fault.kind not in ("raise", "nan") or fault.rank != 0):
         raise ShoalError(
-            'faults.inject: the local strategy runs in this process; only kind = "raise" on '
-            "rank 0 can be injected (use strategy data_parallel to test exits and hangs)"
+            'faults.inject: the local strategy runs in this process; only kind = "raise" or '
+            '"nan" on rank 0 can be injected (use strategy data_parallel to test exits and hangs)'
         )
     log = worker_logger(0, paths.log_file(0))
     threads_before = torch.get_num_threads()

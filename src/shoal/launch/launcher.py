@@ -24,7 +24,7 @@ from typing import IO
 import torch.distributed as dist
 
 from shoal.config import ShoalConfig
-from shoal.errors import JobFailed, ShoalError
+from shoal.errors import EXIT_FAILURE, EXIT_HALTED, JobFailed, ShoalError, TrainingHalted
 from shoal.launch.process_group import LAUNCHER_ENV, loopback_interface
 from shoal.launch.reports import read_report
 from shoal.run import RunPaths
@@ -206,9 +206,14 @@ class LocalLauncher:
         log = self.paths.log_file(culprit.rank)
         if report and report.get("user_error"):
             lines = report.get("lines") or [report.get("message", "")]
-            # a ShoalError raised at run time (JobFailed: e.g. a federated round without
-            # enough clients) keeps its exit code
-            return JobFailed(*lines) if report.get("exit_code") == 1 else ShoalError(*lines)
+            # a ShoalError raised at run time keeps its exit code: JobFailed (e.g. a federated
+            # round without enough clients), TrainingHalted (non-finite gradients)
+            code = report.get("exit_code")
+            if code == EXIT_FAILURE:
+                return JobFailed(*lines)
+            if code == EXIT_HALTED:
+                return TrainingHalted(*lines)
+            return ShoalError(*lines)
         if report and report.get("step", -1) >= 0:
             where = f" at step {report['step']}"
         elif culprit.rank in steps and steps[culprit.rank] >= 0:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint.atomic import atomic_write_json
-from shoal.errors import ShoalError
+from shoal.errors import EXIT_FAILURE, ShoalError
 
 _COMM_HINTS = ("gloo", "nccl", "connection closed", "connection reset", "timed out", "timeout")
 
@@ -47,7 +47,7 @@ def write_report(path: Path, rank: int, step: int, exc: BaseException) -> None:
         "message": _first_line(exc),
         "lines": exc.lines if isinstance(exc, ShoalError) else [],
         "user_error": user_error,
-        "exit_code": exc.exit_code if isinstance(exc, ShoalError) else 1,
+        "exit_code": exc.exit_code if isinstance(exc, ShoalError) else EXIT_FAILURE,
         "communication_error": not user_error and is_communication_error(exc),
         "traceback": "".join(traceback.format_exception(exc)),
     }

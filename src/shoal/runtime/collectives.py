@@ -77,3 +77,19 @@ def gather_bytes(ctx: Peers, data: bytes) -> list[bytes]:
 def barrier(ctx: Peers) -> None:
     if ctx.distributed and ctx.world_size > 1:
         dist.barrier()
+
+
+def gather_tensors(ctx: Peers, tensors: dict[str, torch.Tensor]) -> list[dict[str, torch.Tensor]]:
+    """Collective: every rank gives tensors of the same names, shapes and dtypes; rank 0 gets
+    one dict per rank (on CPU), the other ranks an empty list."""
+    if not (ctx.distributed and ctx.world_size > 1):
+        return [{name: t.detach().cpu().clone() for name, t in tensors.items()}]
+    gathered: list[dict[str, torch.Tensor]] = [{} for _ in range(ctx.world_size)]
+    for name in sorted(tensors):
+        tensor = tensors[name].detach().to(ctx.comm_device).contiguous()
+        parts = [torch.empty_like(tensor) for _ in range(ctx.world_size)] if ctx.rank == 0 else None
+        dist.gather(tensor, parts, dst=0)
+        if parts is not None:
+            for rank, part in enumerate(parts):
+                gathered[rank][name] = part.cpu()
+    return gathered if ctx.rank == 0 else []

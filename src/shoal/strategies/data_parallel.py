@@ -2,16 +2,22 @@
 
 from __future__ import annotations
 
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.comm.aggregators import AGGREGATORS
 from shoal.comm.buckets import BucketedGradientSync
+from shoal.comm.gossip import GossipSync
+from shoal.comm.links import CommGroup
+from shoal.comm.registry import build_aggregator
+from shoal.comm.topology import neighbours
+from shoal.config.aggregation import GossipAggregationConfig
 from shoal.config.root import ShoalConfig
 from shoal.config.strategy import DataParallelStrategyConfig
+from shoal.errors import ShoalError
+from shoal.runtime.collectives import gather_tensors
 from shoal.strategies.base import Strategy
 from shoal.training.contracts import GradientSync
 
@@ -22,7 +28,11 @@ class DataParallelStrategy(Strategy):
     Equivalence: the task's loss is a sum over samples, the trainer divides it by
     the global batch size, and the buckets are summed over ranks, so the update
     equals one process training on the whole global batch (up to float rounding).
+    That holds for every exact aggregation method; compression approximates the
+    sum, and gossip replaces it by neighbourhood averaging of parameters.
     """
+
+    sync: GradientSync
 
     @classmethod
     def world_size(cls, config: ShoalConfig) -> int:
@@ -38,21 +48,70 @@ class DataParallelStrategy(Strategy):
         return config
 
     def attach(self, model: nn.Module) -> GradientSync:
+        ctx, aggregation = self.ctx, self.config.aggregation
         with torch.no_grad():  # every replica starts from rank 0's parameters and buffers
             for tensor in [*model.parameters(), *model.buffers()]:
                 dist.broadcast(tensor.data, src=0)
-        aggregator = AGGREGATORS.get(self.config.aggregation.method)()
-        sync = BucketedGradientSync(
-            model, aggregator, self.config.bucket_cap_mb, self.config.broadcast_buffers
+        exact_native = aggregation.method == "native" and aggregation.compression is None
+        if not exact_native and ctx.device.type != "cpu":
+            raise ShoalError(
+                f"strategy.aggregation: {self.describe_aggregation()} runs on CPU workers (gloo) "
+                'in this version; on CUDA use method = "native" (NCCL) without compression, '
+                'or set run.device = "cpu"'
+            )
+        links = CommGroup.create(
+            ctx.rank, ctx.world_size, ctx.local_world_size, ctx.config.faults.timeout_s
         )
-        self.ctx.log.info(
+        if isinstance(aggregation, GossipAggregationConfig):
+            adjacency = neighbours(aggregation.topology, ctx.world_size)
+            self.sync = GossipSync(model, links, adjacency)
+            ctx.log.info(
+                "data_parallel: %d ranks, gossip over %s, neighbours of rank %d: %s",
+                ctx.world_size,
+                aggregation.topology,
+                ctx.rank,
+                adjacency[ctx.rank],
+            )
+            return self.sync
+        sync = BucketedGradientSync(
+            model,
+            build_aggregator(aggregation, links),
+            self.config.bucket_cap_mb,
+            self.config.broadcast_buffers,
+        )
+        self.sync = sync
+        ctx.log.info(
             "data_parallel: %d ranks, %d gradient buckets, %.1f MiB per step, aggregation %s",
-            self.ctx.world_size,
+            ctx.world_size,
             len(sync.buckets),
             sync.bytes_per_step() / (1 << 20),
-            self.config.aggregation.method,
+            self.describe_aggregation(),
         )
         return sync
 
+    def describe_aggregation(self) -> str:
+        aggregation = self.config.aggregation
+        compression = getattr(aggregation, "compression", None)
+        return aggregation.method + (f" + {compression.kind}" if compression else "")
+
+    def state_dict(self) -> dict[str, Any]:
+        """Collective: every rank's own state (compression residuals, gossip replicas)."""
+        ranks = gather_tensors(self.ctx, self.sync.rank_state_dict())
+        return {"ranks": ranks} if self.ctx.is_main and any(ranks) else {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        ranks = state.get("ranks") or []
+        if not ranks:
+            return
+        if len(ranks) != self.ctx.world_size:
+            self.ctx.log.warning(
+                "the checkpoint holds per-rank aggregation state of %d workers, this job has %d: "
+                "it starts afresh (compression residuals at zero, gossip replicas from rank 0)",
+                len(ranks),
+                self.ctx.world_size,
+            )
+            return
+        self.sync.load_rank_state_dict(ranks[self.ctx.rank])
+
     def describe(self) -> str:
-        return f"data_parallel x{self.ctx.world_size} ({self.config.aggregation.method})"
+        return f"data_parallel x{self.ctx.world_size} ({self.describe_aggregation()})"

@@ -11,11 +11,23 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
+import torch
+import torch.distributed as dist
 from torch import nn
+
+from shoal.training.nonfinite import nonfinite_names
 
 
 class GradientSync(ABC):
-    """What happens to gradients in a step: accumulate, then combine across workers."""
+    """What happens to gradients in a step: accumulate, then combine across workers.
+
+    `loss_scale` is the factor the learner multiplied the loss by before backward
+    (mixed precision's dynamic loss scale; 1 otherwise): a sync divides the local
+    gradients by it before it combines them, so communication and compression
+    see true gradients and `finish()` leaves them unscaled.
+    """
+
+    loss_scale: float = 1.0
 
     @abstractmethod
     def zero_grad(self) -> None:
@@ -37,20 +49,55 @@ class GradientSync(ABC):
         """Gradient bytes this worker hands to communication per step."""
         return 0
 
+    def nonfinite(self) -> dict[int, list[str]]:
+        """After `finish()`: {rank: parameter names} of ranks whose *local* gradients held NaN
+        or Inf this step, the same answer on every rank (collective where the sync is).
+        A sync that cannot tell returns {}."""
+        return {}
+
+    def take_sent_bytes(self) -> int:
+        """Bytes this rank sent since the last call (counted where shoal sends them)."""
+        return 0
+
+    def interval_metrics(self) -> dict[str, float]:
+        """Collective, at each logging interval: metrics of the communication scheme."""
+        return {}
+
+    def rank_state_dict(self) -> dict[str, torch.Tensor]:
+        """State this rank holds alone (e.g. compression residuals): the same names and
+        shapes on every rank; the strategy gathers every rank's into the checkpoint."""
+        return {}
+
+    def load_rank_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027
+        """Restore this rank's part of what `rank_state_dict` returned."""
+
 
 class LocalGradientSync(GradientSync):
     """One process: gradients stay as backward left them."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
-        self.params = list(model.parameters())
+        self.named = list(model.named_parameters())
+        self.params = [param for _, param in self.named]
+        self._nonfinite: list[str] = []
 
     def zero_grad(self) -> None:
         for param in self.params:
             param.grad = None
 
     def finish(self) -> float:
+        named = [(n, p.grad) for n, p in self.named if p.grad is not None]
+        self._nonfinite = nonfinite_names(named)
+        if self.loss_scale != 1.0:
+            for _, grad in named:
+                grad.div_(self.loss_scale)
         return 0.0
+
+    def nonfinite(self) -> dict[int, list[str]]:
+        """This process alone: no collective (a local learner may step on its own schedule)."""
+        if not self._nonfinite:
+            return {}
+        return {dist.get_rank() if dist.is_initialized() else 0: self._nonfinite}
 
 
 class TrainingStrategy(Protocol):

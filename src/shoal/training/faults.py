@@ -1,14 +1,20 @@
 """`[faults.inject]`: break a worker on purpose, to test how a job handles faults.
 
-One mechanism for every loop that trains (the Trainer, a population's members):
-each calls :func:`maybe_inject_fault` before a step with the step it is about to take.
+One mechanism for every loop that trains (the Trainer, a population's members,
+federated rounds): each calls :func:`maybe_inject_fault` before a step with the
+step it is about to take, and calls what it returns after the step.
 """
 
 from __future__ import annotations
 
 import os
 import time
+from collections.abc import Callable
 
+import torch
+from torch import nn
+
+from shoal.errors import ShoalError
 from shoal.runtime.context import WorkerContext
 
 INJECTED_EXIT_CODE = 17
@@ -18,16 +24,33 @@ class InjectedFault(RuntimeError):
     """Raised by `[faults.inject] kind = "raise"`."""
 
 
-def maybe_inject_fault(ctx: WorkerContext, step: int) -> None:
-    """Break this rank if `[faults.inject]` names it and `step`.
+def _nothing() -> None:
+    return None
 
-    A resumed run is never broken again, so a run failed on purpose can be
-    resumed (which is what the tests of resume do).
+
+def maybe_inject_fault(
+    ctx: WorkerContext, step: int, model: nn.Module | None = None
+) -> Callable[[], None]:
+    """Break this rank if `[faults.inject]` names it and `step`; returns what undoes it.
+
+    `nan` turns this step's gradient of `model`'s first parameter into NaN through
+    a hook, which the returned callable removes after the step. A resumed run is
+    never broken again, so a run failed on purpose can be resumed (which is what
+    the tests of resume do).
     """
     fault = ctx.config.faults.inject
     if fault is None or ctx.resume_from or fault.rank != ctx.rank or fault.step != step:
-        return
+        return _nothing
     ctx.log.error("fault injection: %s at step %d", fault.kind, step)
+    if fault.kind == "nan":
+        if model is None:
+            raise ShoalError(
+                'faults.inject: kind = "nan" poisons a gradient step; this strategy injects it '
+                "nowhere (use raise, exit or hang)"
+            )
+        first = next(p for p in model.parameters() if p.requires_grad)
+        hook = first.register_hook(lambda grad: torch.full_like(grad, float("nan")))
+        return hook.remove
     if fault.kind == "raise":
         raise InjectedFault(f"injected fault at step {step}")
     if fault.kind == "exit":

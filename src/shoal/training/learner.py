@@ -2,7 +2,8 @@
 
 A step takes this learner's share of a global batch, splits it into micro-batches,
 runs forward and backward with the loss sum scaled by 1 / global batch size, lets
-the gradient sync combine gradients across workers, clips by the (then global)
+the gradient sync combine gradients across workers, halts (or skips the update)
+if any worker's local gradients were not finite, clips by the (then global)
 norm, and steps the optimizer and the schedule. The Trainer drives one learner
 through epochs; strategies with their own outer loop (federated clients,
 population members) drive learners directly.
@@ -17,11 +18,14 @@ import torch
 from torch import nn
 
 from shoal.config.train import TrainConfig
+from shoal.errors import TrainingHalted
 from shoal.tasks.base import LossOutput, Task
 from shoal.training.batching import local_share, micro_batches
 from shoal.training.contracts import GradientSync
 from shoal.training.meter import StepStats
+from shoal.training.nonfinite import describe_nonfinite
 from shoal.training.optim import WarmupDecay, build_optimizer, build_scheduler
+from shoal.training.precision import Precision
 
 
 class Learner:
@@ -50,17 +54,23 @@ class Learner:
         self.optimizer = build_optimizer(model.parameters(), train.optimizer)
         self.scheduler = build_scheduler(self.optimizer, train, total_steps)
         self.total_steps = total_steps
+        self.precision = Precision(train.mixed_precision, self.device)
 
     @property
     def lr(self) -> float:
         return float(self.scheduler.get_last_lr()[0])
 
-    def step(self, global_batch: torch.Tensor) -> StepStats:
-        """One optimizer step on this learner's share of `global_batch` (sample indices)."""
+    def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats:
+        """One optimizer step on this learner's share of `global_batch` (sample indices).
+
+        `global_step` only names the step in a halt message.
+        """
         started = time.perf_counter()
         local = local_share(global_batch, *self.share)
         scale = 1.0 / len(global_batch)
+        loss_scale = self.precision.loss_scale
         self.sync.zero_grad()
+        self.sync.loss_scale = loss_scale
         self.sync.begin_step()
         loss_sum = torch.zeros((), device=self.device)
         sums: dict[str, torch.Tensor] = {}
@@ -69,31 +79,61 @@ class Learner:
             with self.sync.accumulate(last=index == len(parts) - 1):
                 if len(part) == 0:
                     continue
-                out: LossOutput = self.task.loss(self.model, self.task.train_batch(part))
-                (out.loss_sum * scale).backward()
+                with self.precision.autocast():
+                    out: LossOutput = self.task.loss(self.model, self.task.train_batch(part))
+                if loss_scale == 1.0:
+                    (out.loss_sum * scale).backward()
+                else:
+                    (out.loss_sum * (scale * loss_scale)).backward()
             loss_sum += out.loss_sum.detach()
             for name, value in out.sums.items():
                 sums[name] = sums.get(name, 0) + value.detach()
         comm_s = self.sync.finish()
-        if self.train.grad_clip_norm is not None:
-            # after the sync every replica holds the global gradient: this is the global norm
-            torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip_norm)
-        self.optimizer.step()
+        nonfinite = self.sync.nonfinite()
+        if nonfinite and self.train.on_nonfinite == "halt":
+            where = f" at step {global_step}" if global_step is not None else ""
+            raise TrainingHalted(
+                f"training halted{where}: non-finite gradients (NaN/Inf) on "
+                f"{describe_nonfinite(nonfinite)}; every worker stopped before the optimizer "
+                "step, so the newest checkpoint is the last good state. Resume from it with a "
+                "lower train.optimizer.lr or a train.grad_clip_norm, or set "
+                'train.on_nonfinite = "skip_step" to skip such steps'
+            )
+        if not nonfinite:
+            if self.train.grad_clip_norm is not None:
+                # after the sync every replica holds the global gradient: this is the global norm
+                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip_norm)
+            self.optimizer.step()
+        self.precision.update(overflowed=bool(nonfinite))
         self.scheduler.step()
         wall = time.perf_counter() - started
-        return StepStats(loss_sum, len(local), sums, wall - comm_s, comm_s, wall)
+        return StepStats(
+            loss_sum,
+            len(local),
+            sums,
+            wall - comm_s,
+            comm_s,
+            wall,
+            sent_bytes=self.sync.take_sent_bytes(),
+            skipped=bool(nonfinite),
+        )
 
     def state_dict(self) -> dict[str, Any]:
-        return {
+        state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
         }
+        if self.precision.mode == "fp16":
+            state["precision"] = self.precision.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if "precision" in state and self.precision.mode == "fp16":
+            self.precision.load_state_dict(state["precision"])
         # the schedule follows the current config (a resumed run may have been extended)
         self.scheduler.lr_lambdas[0] = WarmupDecay(
             self.train.warmup_steps, self.total_steps, self.train.lr_decay, self.train.min_lr_ratio

@@ -21,6 +21,8 @@ class StepStats:
     compute_s: float
     comm_s: float
     wall_s: float
+    sent_bytes: int = 0
+    skipped: bool = False
 
 
 @dataclass
@@ -32,6 +34,8 @@ class IntervalMeter:
     compute_s: float = 0.0
     comm_s: float = 0.0
     wall_s: float = 0.0
+    sent_bytes: float = 0.0
+    skipped: int = 0
     steps: int = 0
     sums: dict[str, float] = field(default_factory=dict)
     started: float = field(default_factory=time.perf_counter)
@@ -42,6 +46,8 @@ class IntervalMeter:
         self.compute_s += stats.compute_s
         self.comm_s += stats.comm_s
         self.wall_s += stats.wall_s
+        self.sent_bytes += stats.sent_bytes
+        self.skipped += int(stats.skipped)
         self.steps += 1
         for name, value in stats.sums.items():
             self.sums[name] = self.sums.get(name, 0.0) + float(value)
@@ -50,6 +56,7 @@ class IntervalMeter:
         """Collective: sums over ranks. Loss and `train_*` are per sample; times are rank means."""
         names = sorted(self.sums)
         local = [self.loss_sum, self.samples, self.compute_s, self.comm_s, self.wall_s]
+        local += [self.sent_bytes, self.skipped]
         local += [self.sums[n] for n in names]
         total = all_reduce_sum(ctx, local)
         samples = max(total[1], 1.0)
@@ -63,7 +70,10 @@ class IntervalMeter:
             "comm_s": total[3] / ctx.world_size,
             "step_s": step_time,
             "interval_s": time.perf_counter() - self.started,
+            # bytes each rank put on the wire per step (the mean over ranks)
+            "sent_bytes_per_step": total[5] / ctx.world_size / max(self.steps, 1),
+            "skipped_steps": total[6] / ctx.world_size,
         }
-        for name, value in zip(names, total[5:], strict=True):
+        for name, value in zip(names, total[7:], strict=True):
             metrics[f"train_{name}"] = value / samples
         return metrics

@@ -22,6 +22,8 @@ class TrainProgress:
     train_time_s: float = 0.0
     compute_time_s: float = 0.0
     comm_time_s: float = 0.0
+    sent_bytes: float = 0.0
+    skipped_steps: int = 0
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -126,14 +126,19 @@ class Trainer:
                 train.drop_last,
             )
             while p.step_in_epoch < plan.num_steps and not self._done():
-                maybe_inject_fault(self.ctx, p.global_step)
+                undo_fault = maybe_inject_fault(self.ctx, p.global_step, self.learner.model)
                 batch = plan.global_batch(p.step_in_epoch)
-                stats = self.learner.step(batch)
+                try:
+                    stats = self.learner.step(batch, global_step=p.global_step)
+                finally:
+                    undo_fault()
                 p.step_in_epoch += 1
                 p.global_step += 1
                 p.samples_seen += len(batch)
                 p.compute_time_s += stats.compute_s
                 p.comm_time_s += stats.comm_s
+                p.sent_bytes += stats.sent_bytes
+                p.skipped_steps += int(stats.skipped)
                 meter.add(stats)
                 if self.ctx.heartbeat is not None:
                     self.ctx.heartbeat.beat(p.global_step)
@@ -164,10 +169,10 @@ class Trainer:
         if every_ckpt and epoch % every_ckpt == 0:
             self._save()
 
-    # ---------------------------------------------------------------- one step
     # ---------------------------------------------------------------- reporting
     def _log_interval(self, meter: IntervalMeter) -> None:
         metrics = meter.reduce(self.ctx)
+        metrics.update(self.learner.sync.interval_metrics())
         p = self.progress
         metrics["lr"] = self.learner.lr
         self.last_train = {
@@ -207,11 +212,12 @@ class Trainer:
         ctx, p = self.ctx, self.progress
         self._sync_time()
         state: dict[str, Any] = {}
+        strategy_state = self.strategy.state_dict()  # collective: may gather every rank's state
         if ctx.is_main:
             state = {
                 **self.learner.state_dict(),
                 "progress": p.state_dict(),
-                "strategy": self.strategy.state_dict(),
+                "strategy": strategy_state,
                 "config": dump_config(ctx.config),
             }
         meta = {
@@ -269,6 +275,8 @@ class Trainer:
             "session_train_time_s": session_train_s,
             "time_s": {"compute": p.compute_time_s, "communication": p.comm_time_s},
             "gradient_bytes_per_step": self.learner.sync.bytes_per_step(),
+            "sent_bytes_per_step": p.sent_bytes / p.global_step if p.global_step else 0.0,
+            "skipped_steps": p.skipped_steps,
             "train": self.last_train,
             **self.last_eval,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,

@@ -1,0 +1,1 @@
+"""Gradient compression: what each rank sends instead of its dense bucket."""

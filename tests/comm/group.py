@@ -1,0 +1,52 @@
+"""Run a function in N fresh processes joined by a gloo group, as the aggregator tests need.
+
+Rendezvous is a FileStore in the test's temporary folder (no port at all); gloo
+listens on loopback on ports the OS picks. Every process must exit 0, or the
+test fails with the failing rank's traceback.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from shoal.launch.process_group import loopback_interface
+
+TIMEOUT_S = 60.0
+
+
+def run_in_group(world_size: int, fn: Callable[..., None], tmp_path: Path, *args: Any) -> None:
+    """Call `fn(rank, world_size, *args)` in `world_size` processes of one gloo group."""
+    store = tmp_path / f"store-{world_size}-{fn.__name__}"
+    mp.spawn(_entry, args=(world_size, fn, str(store), args), nprocs=world_size, join=True)
+
+
+def _entry(
+    rank: int, world_size: int, fn: Callable[..., None], store_path: str, args: tuple[Any, ...]
+) -> None:
+    loopback = loopback_interface()
+    if loopback:
+        os.environ["GLOO_SOCKET_IFNAME"] = loopback
+    torch.set_num_threads(1)
+    store = dist.FileStore(store_path, world_size)
+    dist.init_process_group(
+        "gloo",
+        store=store,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=TIMEOUT_S),
+    )
+    fn(rank, world_size, *args)
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # skip interpreter finalization while gloo threads may still hold tensors
