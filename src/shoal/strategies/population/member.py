@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shoal.errors import ShoalError
+from shoal.errors import ShoalError, TrainingHalted
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import capture_rng, restore_rng, seed_everything
 from shoal.strategies.population.hyperparams import apply_hyperparameters
@@ -134,10 +134,11 @@ class Member:
                 loss_sum += step.loss_sum.detach().double().cpu()
                 stats.samples += step.samples
                 stats.steps += 1
-        except ShoalError:
-            raise
-        except Exception as exc:  # the member fails, the population goes on
-            stats.error = describe(exc)
+        except Exception as exc:  # the member fails (or diverges), the population goes on
+            if isinstance(exc, ShoalError) and not isinstance(exc, TrainingHalted):
+                raise  # a user error stops the job
+            halted = isinstance(exc, TrainingHalted)
+            stats.error = "diverged: non-finite gradients" if halted else describe(exc)
             while self.progress.global_step < target:
                 self.next_batch()
         finally:
