@@ -112,6 +112,15 @@ class TrainConfig(ConfigModel):
     eval_every_epochs: int = Field(
         1, ge=0, description="Evaluate on the held-out split every N epochs (0: only at the end)."
     )
+    early_stopping_patience: int | None = Field(
+        None,
+        ge=1,
+        description="Stop when this many evaluations in a row have not improved the task's "
+        "primary validation metric (unset: never stop early).",
+    )
+    early_stopping_min_delta: float = Field(
+        0.0, ge=0, description="Smallest change of the metric that counts as an improvement."
+    )
     seed: int = Field(0, ge=0, description="Seed for model initialization, shuffling and dropout.")
 
     @model_validator(mode="before")

@@ -22,6 +22,10 @@ class TrainProgress:
     train_time_s: float = 0.0
     compute_time_s: float = 0.0
     comm_time_s: float = 0.0
+    best_metric: float | None = None  # best validation value of the task's primary metric
+    best_step: int = -1
+    evals_without_improvement: int = 0
+    stopped_early: bool = False
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
