@@ -236,6 +236,11 @@ class KGETaskConfig(ConfigModel):
     evaluation: EvaluationConfig = Field(
         default_factory=EvaluationConfig, description="Filtered ranking evaluation."
     )
+    sparse_gradients: bool = Field(
+        False,
+        description="Row gradients as sparse tensors: the optimizer (sparse_adam, adagrad or sgd "
+        "without momentum) updates only the rows a batch used. Strategy local only.",
+    )
 
     @model_validator(mode="before")
     @classmethod

@@ -82,9 +82,10 @@ def realistic_ranks(
     scores = torch.nan_to_num_(scores, nan=-torch.inf)
     rows = torch.arange(len(target))
     true = scores[rows, target].clone()
+    # an excluded entry becomes NaN: neither greater than nor equal to anything
     if exclude_rows is not None and exclude_entities is not None and len(exclude_rows):
-        scores[exclude_rows, exclude_entities] = -torch.inf
-    scores[rows, target] = -torch.inf  # the target itself is neither greater nor a tie
+        scores[exclude_rows, exclude_entities] = torch.nan
+    scores[rows, target] = torch.nan  # the target itself is neither greater nor a tie
     greater = (scores > true[:, None]).sum(dim=1)
     equal = (scores == true[:, None]).sum(dim=1)
     return 1.0 + greater.double() + equal.double() / 2.0

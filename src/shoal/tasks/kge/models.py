@@ -5,8 +5,10 @@ Training takes the path a sparse table serves: gather the rows a batch uses
 (`entity_rows`, `relation_rows`: the only place the tables are read), score,
 and backward leaves gradients on exactly those rows. A parameter server replaces
 the two gathers with pulls and pushes the rows' gradients; the maths is unchanged.
-The tables are dense `nn.Embedding`s, so `local` and `data_parallel` (which sums
-dense gradient buckets) train them as they are.
+The tables are `nn.Embedding`s with dense gradients by default, so `local` and
+`data_parallel` (which sums dense gradient buckets) train them as they are; with
+`sparse = True` a gather's backward yields sparse row gradients instead, which
+row-wise optimizers (sparse_adam, adagrad, sgd) apply to the used rows only.
 
 Scores are written as a *query* matched against *candidates*: for tail prediction
 the query is built from (h, r) and matched against every candidate tail; for
@@ -64,14 +66,15 @@ class KGEModel(nn.Module, ABC):
         super().__init__()
         self.entity = nn.Embedding(num_entities, entity_width)
         self.relation = nn.Embedding(num_relations, relation_width)
+        self.sparse = False  # set by the task: gathers then give sparse row gradients
 
     # ------------------------------------------------------------ the tables (gather rows)
     def entity_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows of entities `ids` as the score uses them (a gather: row gradients)."""
-        return self.prepare_entities(F.embedding(ids, self.entity.weight))
+        return self.prepare_entities(F.embedding(ids, self.entity.weight, sparse=self.sparse))
 
     def relation_rows(self, ids: torch.Tensor) -> torch.Tensor:
-        return F.embedding(ids, self.relation.weight)
+        return F.embedding(ids, self.relation.weight, sparse=self.sparse)
 
     def prepare_entities(self, rows: torch.Tensor) -> torch.Tensor:
         """A transformation of gathered entity rows before scoring (TransE: unit length)."""
@@ -96,7 +99,14 @@ class KGEModel(nn.Module, ABC):
 
     @abstractmethod
     def match_rows(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        """Scores of aligned pairs: (n, w) x (n, w) -> (n,)."""
+        """Scores of aligned pairs: (..., w) x (..., w) -> (...), broadcasting."""
+
+    def match_each(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Each query against its own candidates: (n, w) x (n, K, w) -> (n, K).
+
+        Elementwise rather than n tiny matrix products, which are slow on CPU.
+        """
+        return self.match_rows(queries.unsqueeze(-2), candidates)
 
     def query(
         self, anchor: torch.Tensor, relation: torch.Tensor, corrupt_head: torch.Tensor
@@ -168,7 +178,15 @@ class TransE(KGEModel):
         return tail - relation
 
     def match(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        return -torch.cdist(queries, candidates, p=float(self.p))
+        if self.p == 1:
+            return -torch.cdist(queries, candidates, p=1.0)
+        # ||q - c||^2 = |q|^2 + |c|^2 - 2 q.c: a matrix product instead of an (n, m, w) difference
+        squared = (
+            (queries * queries).sum(dim=-1, keepdim=True)
+            + (candidates * candidates).sum(dim=-1).unsqueeze(-2)
+            - 2.0 * torch.matmul(queries, candidates.transpose(-1, -2))
+        )
+        return -squared.clamp_min(_TINY).sqrt()
 
     def match_rows(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         diff = queries - candidates

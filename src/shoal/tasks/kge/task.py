@@ -54,6 +54,8 @@ class KGETask(Task):
                 f"task.negatives.chunk_size ({config.negatives.chunk_size}) exceeds "
                 f"train.batch_size ({ctx.config.train.batch_size}); make it at most the batch size"
             )
+        if config.sparse_gradients:
+            check_sparse_setup(ctx)
         self.sampler = NegativeSampler(
             config.negatives,
             self.data.train,
@@ -91,9 +93,11 @@ class KGETask(Task):
         gamma = ROTATE_DEFAULT_GAMMA
         if isinstance(loss, LogisticLossConfig | MarginRankingLossConfig) and loss.margin > 0:
             gamma = loss.margin
-        return build_kge_model(
+        model = build_kge_model(
             self.config.model, self.num_entities, self.num_relations, self.config.dim, gamma
         )
+        model.sparse = self.config.sparse_gradients
+        return model
 
     def set_epoch(self, epoch: int) -> None:
         self.sampler.set_epoch(epoch)
@@ -207,6 +211,33 @@ def score_batch(
     target = torch.where(corrupt_head[:, None], head, tail)
     queries = model.query(anchor, relation, corrupt_head)
     positive = model.match_rows(queries, target)
-    padded = F.pad(queries, (0, 0, 0, chunks * chunk - n)).view(chunks, chunk, -1)
-    negative = model.match(padded, candidates).reshape(chunks * chunk, k)[:n]
+    if chunk == 1:
+        negative = model.match_each(queries, candidates)
+    else:
+        padded = F.pad(queries, (0, 0, 0, chunks * chunk - n)).view(chunks, chunk, -1)
+        negative = model.match(padded, candidates).reshape(chunks * chunk, k)[:n]
     return positive, negative, model.magnitudes(head, relation, tail)
+
+
+SPARSE_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd")
+
+
+def check_sparse_setup(ctx: WorkerContext) -> None:
+    """Sparse row gradients need a row-wise optimizer and one process (dense buckets cannot
+    carry them; the parameter-server strategy is where sparse rows travel)."""
+    train = ctx.config.train
+    kind = train.optimizer.kind
+    problem = None
+    if kind not in SPARSE_OPTIMIZERS:
+        problem = f"train.optimizer.kind = {kind!r} cannot apply sparse gradients; use one of "
+        problem += ", ".join(SPARSE_OPTIMIZERS)
+    elif kind == "sgd" and getattr(train.optimizer, "momentum", 0.0) > 0:
+        problem = "train.optimizer: sgd with momentum cannot apply sparse gradients; "
+        problem += "set momentum = 0"
+    elif ctx.config.strategy.type != "local":
+        problem = f"strategy {ctx.config.strategy.type!r} reduces dense gradients; "
+        problem += "use strategy local"
+    elif train.grad_clip_norm is not None:
+        problem = "train.grad_clip_norm cannot clip sparse gradients; unset it"
+    if problem:
+        raise ShoalError(f"task.sparse_gradients = true: {problem} (or set it to false)")
