@@ -40,7 +40,11 @@ def test_every_model_is_registered() -> None:
 def test_transe_scores_by_hand() -> None:
     l1, l2 = _model("transe-l1", dim=2), _model("transe-l2", dim=2)
     h, r = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
-    for t, d1, d2 in [([1.0, 1.0], 0.0, 0.0), ([0.0, 0.0], 2.0, math.sqrt(2)), ([4.0, -3.0], 7.0, 5.0)]:
+    for t, d1, d2 in [
+        ([1.0, 1.0], 0.0, 0.0),
+        ([0.0, 0.0], 2.0, math.sqrt(2)),
+        ([4.0, -3.0], 7.0, 5.0),
+    ]:
         tail = torch.tensor([t])
         assert l1.float().score(h, r, tail).item() == pytest.approx(-d1, abs=1e-6)
         assert l2.float().score(h, r, tail).item() == pytest.approx(-d2, abs=1e-6)
@@ -48,7 +52,9 @@ def test_transe_scores_by_hand() -> None:
 
 def test_distmult_score_by_hand() -> None:
     model = _model("distmult", dim=2).float()
-    score = model.score(torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0]]), torch.tensor([[5.0, 6.0]]))
+    score = model.score(
+        torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0]]), torch.tensor([[5.0, 6.0]])
+    )
     assert score.item() == pytest.approx(1 * 3 * 5 + 2 * 4 * 6)
 
 
@@ -97,7 +103,9 @@ def test_numerical_gradient_of_the_score(name: str) -> None:
     h, r, t = (x.requires_grad_() for x in _rows(model, 3))
     assert torch.autograd.gradcheck(lambda a, b, c: model.score(a, b, c), (h, r, t))
     q = model.tail_query(h, r)
-    assert torch.autograd.gradcheck(lambda a, b: model.match(a, b), (q.detach().requires_grad_(), t))
+    assert torch.autograd.gradcheck(
+        lambda a, b: model.match(a, b), (q.detach().requires_grad_(), t)
+    )
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -124,7 +132,9 @@ def test_paper_initialisations() -> None:
     transe = _model("transe-l1", dim=50)
     bound = 6 / math.sqrt(50)
     assert transe.entity.weight.abs().max() <= bound
-    torch.testing.assert_close(transe.relation.weight.norm(dim=1), torch.ones(3, dtype=torch.float64))
+    torch.testing.assert_close(
+        transe.relation.weight.norm(dim=1), torch.ones(3, dtype=torch.float64)
+    )
     torch.testing.assert_close(
         transe.all_entities().norm(dim=1), torch.ones(7, dtype=torch.float64)
     )  # scored at unit length

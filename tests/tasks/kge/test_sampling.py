@@ -40,7 +40,9 @@ def test_bernoulli_side_follows_tails_per_head() -> None:
 def test_degree_proportional_negatives() -> None:
     triples = torch.tensor([[0, 0, 1], [0, 0, 2], [0, 0, 3], [0, 0, 1]])  # degrees 4, 2, 1, 1
     config = NegativeSamplingConfig(num_negatives=64, chunk_size=1, distribution="degree")
-    drawn = NegativeSampler(config, triples, 5, 1, seed=1).sample(torch.arange(500), torch.zeros(500, dtype=torch.long))
+    drawn = NegativeSampler(config, triples, 5, 1, seed=1).sample(
+        torch.arange(500), torch.zeros(500, dtype=torch.long)
+    )
     share = np.bincount(drawn.entities.numpy().ravel(), minlength=5) / drawn.entities.numel()
     np.testing.assert_allclose(share, [0.5, 0.25, 0.125, 0.125, 0.0], atol=0.01)
 

@@ -58,7 +58,9 @@ def kge_job(runs: Path, data: dict[str, Any], **sections: Any) -> dict[str, Any]
 
 
 @pytest.mark.parametrize("model", sorted(MODELS))
-def test_every_model_learns_planted_structure(runs: Path, graph: dict[str, str], model: str) -> None:
+def test_every_model_learns_planted_structure(
+    runs: Path, graph: dict[str, str], model: str
+) -> None:
     """56 entities: a random ranking has MRR 0.08; each model must reach 3x that on test."""
     results = shoal.train(kge_job(runs, graph, task={"model": MODELS[model]}))
     assert results["test"]["mrr"] > 3 * random_mrr(results["data"]["entities"])
@@ -66,7 +68,9 @@ def test_every_model_learns_planted_structure(runs: Path, graph: dict[str, str],
     assert results["best"]["metric"] == "mrr"
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pykeen") is None, reason="needs shoal[datasets] (pykeen)")
+@pytest.mark.skipif(
+    importlib.util.find_spec("pykeen") is None, reason="needs shoal[datasets] (pykeen)"
+)
 def test_nations_reaches_a_high_filtered_mrr(runs: Path) -> None:
     """nations has 14 entities (random MRR 0.23); DistMult reaches about 0.75 in seconds."""
     job = kge_job(
@@ -104,7 +108,13 @@ def test_crash_then_resume_is_bit_identical(runs: Path, graph: dict[str, str]) -
     full = shoal.train(kge_job(runs, graph, run={"name": "full"}, **common))
     with pytest.raises((JobFailed, RuntimeError), match="injected fault at step 17"):
         shoal.train(
-            kge_job(runs, graph, run={"name": "broken"}, faults={"inject": {"rank": 0, "step": 17}}, **common)
+            kge_job(
+                runs,
+                graph,
+                run={"name": "broken"},
+                faults={"inject": {"rank": 0, "step": 17}},
+                **common,
+            )
         )
     resumed = shoal.train(resume=runs / "broken")
     a, b = final_state(full), final_state(resumed)
@@ -113,7 +123,9 @@ def test_crash_then_resume_is_bit_identical(runs: Path, graph: dict[str, str]) -
     assert resumed["test"] == full["test"] and resumed["best"]["step"] == full["best"]["step"]
 
 
-def test_run_directory_holds_ids_best_checkpoint_and_embeddings(runs: Path, graph: dict[str, str]) -> None:
+def test_run_directory_holds_ids_best_checkpoint_and_embeddings(
+    runs: Path, graph: dict[str, str]
+) -> None:
     results = shoal.train(kge_job(runs, graph, task={"model": MODELS["rotate"]}))
     root = Path(results["run_dir"])
     folder = root / "embeddings"
@@ -131,7 +143,9 @@ def test_run_directory_holds_ids_best_checkpoint_and_embeddings(runs: Path, grap
     state = torch.load(best[0] / "state.pt", weights_only=True)["model"]
     np.testing.assert_array_equal(state["entity.weight"].numpy(), table)
     assert results["data"]["test_triples"] == 25 and results["data"]["test_unseen_skipped"] == 0
-    events = [json.loads(line)["event"] for line in (root / "metrics.jsonl").read_text().splitlines()]
+    events = [
+        json.loads(line)["event"] for line in (root / "metrics.jsonl").read_text().splitlines()
+    ]
     assert "test" in events and "best" in events
 
 
@@ -150,7 +164,10 @@ def test_sparse_row_gradients_train(runs: Path, graph: dict[str, str]) -> None:
 @pytest.mark.parametrize(
     ("sections", "message"),
     [
-        ({"train": {"optimizer": {"kind": "adam"}}}, "train.optimizer.kind = 'adam' cannot apply sparse"),
+        (
+            {"train": {"optimizer": {"kind": "adam"}}},
+            "train.optimizer.kind = 'adam' cannot apply sparse",
+        ),
         ({"strategy": data_parallel(2)}, "strategy 'data_parallel' reduces dense gradients"),
     ],
 )

@@ -42,18 +42,32 @@ def test_ids_are_stable_whatever_the_order_of_lines(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     ("text", "message"),
     [
-        ("a\tr\tb\na\tr\n", "train.txt:2: expected 3 tab-separated columns (head, relation, tail), got 2"),
-        ("a\tr\tb\tc\n", "train.txt:1: expected 3 tab-separated columns (head, relation, tail), got 4"),
+        (
+            "a\tr\tb\na\tr\n",
+            "train.txt:2: expected 3 tab-separated columns (head, relation, tail), got 2",
+        ),
+        (
+            "a\tr\tb\tc\n",
+            "train.txt:1: expected 3 tab-separated columns (head, relation, tail), got 4",
+        ),
         ("a r b\n", "train.txt:1: expected 3 tab-separated columns (head, relation, tail), got 1"),
         ("a\tr\tb\n\t\tb\n", "train.txt:2: empty head and relation"),
         ("a\tr\t \n", "train.txt:1: empty tail"),
         ("\n\n", "train.txt: no triples; expected head<TAB>relation<TAB>tail lines"),
-        (b"a\tr\tb\n\x89PNG\xff\xfe\x00\n", "train.txt:2: not UTF-8 text (byte 0x89); expected head<TAB>relation<TAB>tail lines"),
-        (b"a\tr\tb\nc\x00\tr\td\n", "train.txt:2: binary data (a NUL byte); expected head<TAB>relation<TAB>tail lines"),
+        (
+            b"a\tr\tb\n\x89PNG\xff\xfe\x00\n",
+            "train.txt:2: not UTF-8 text (byte 0x89); expected head<TAB>relation<TAB>tail lines",
+        ),
+        (
+            b"a\tr\tb\nc\x00\tr\td\n",
+            "train.txt:2: binary data (a NUL byte); expected head<TAB>relation<TAB>tail lines",
+        ),
         (b"\x1f\x8bnot really gzip", "train.txt: not a readable gzip file"),
     ],
 )
-def test_malformed_files_name_file_and_line(tmp_path: Path, text: str | bytes, message: str) -> None:
+def test_malformed_files_name_file_and_line(
+    tmp_path: Path, text: str | bytes, message: str
+) -> None:
     with pytest.raises(DataError) as caught:
         load_kg(_files(tmp_path, train=text))
     assert str(caught.value).startswith(f"{tmp_path}/{message}")
@@ -81,14 +95,17 @@ def test_unseen_entities_can_stop_the_run(tmp_path: Path) -> None:
     )
 
 
-def test_builtin_dataset_without_pykeen_says_how_to_install(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_builtin_dataset_without_pykeen_says_how_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     monkeypatch.setattr(triples_module.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ShoalError, match=r"pip install 'shoal\[datasets\]'"):
         load_kg(BuiltinDataConfig(name="nations"))
 
 
 @pytest.mark.skipif(
-    triples_module.importlib.util.find_spec("pykeen") is None, reason="needs shoal[datasets] (pykeen)"
+    triples_module.importlib.util.find_spec("pykeen") is None,
+    reason="needs shoal[datasets] (pykeen)",
 )
 @pytest.mark.parametrize(
     ("name", "entities", "relations", "train"),
@@ -96,5 +113,9 @@ def test_builtin_dataset_without_pykeen_says_how_to_install(monkeypatch: pytest.
 )
 def test_builtin_datasets(name: str, entities: int, relations: int, train: int) -> None:
     data = load_kg(BuiltinDataConfig(name=name))
-    assert (len(data.entities), len(data.relations), len(data.train)) == (entities, relations, train)
+    assert (len(data.entities), len(data.relations), len(data.train)) == (
+        entities,
+        relations,
+        train,
+    )
     assert set(data.splits) == {"valid", "test"}
