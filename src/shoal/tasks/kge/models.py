@@ -293,11 +293,13 @@ class RotatE(KGEModel):
         return torch.cat([t_re * cos + t_im * sin, t_im * cos - t_re * sin], dim=-1)
 
     def match(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        q_re, q_im = _halves(queries)
-        c_re, c_im = _halves(candidates)
-        re = q_re.unsqueeze(-2) - c_re.unsqueeze(-3)
-        im = q_im.unsqueeze(-2) - c_im.unsqueeze(-3)
-        return -(re * re + im * im).clamp_min(_TINY).sqrt().sum(dim=-1)
+        # |q_i - c_i| is the distance of two points in the plane: one batched pairwise-distance
+        # call per complex dimension i (batch dim first), summed over i. Without the
+        # matrix-product shortcut, whose cancellation would blur close distances.
+        q = torch.stack(_halves(queries), dim=-1).movedim(-2, 0)  # (k, ..., n, 2)
+        c = torch.stack(_halves(candidates), dim=-1).movedim(-2, 0)  # (k, ..., m, 2)
+        distances = torch.cdist(q, c, compute_mode="donot_use_mm_for_euclid_dist")
+        return -distances.sum(dim=0)
 
     def match_rows(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         return -_complex_modulus(queries - candidates).sum(dim=-1)
