@@ -151,9 +151,10 @@ class TransE(KGEModel):
 
     score(h, r, t) = -||h + r - t||_p. Initialisation as in the paper: every row
     U(-6/sqrt(d), 6/sqrt(d)), relation rows then scaled to unit L2 norm; entity
-    rows are scored at unit L2 norm (the paper renormalises them every step; here
-    the normalisation is part of the score, so it needs no in-place update and its
-    gradient is the projected one).
+    rows start at unit L2 norm and are scored at unit norm (the paper renormalises
+    them every step; here the normalisation is part of the score, so it needs no
+    in-place update and its gradient is the projected one). Starting on the sphere
+    matters: a row of norm n would move n times slower in direction.
     """
 
     def __init__(
@@ -167,6 +168,8 @@ class TransE(KGEModel):
             nn.init.uniform_(self.entity.weight, -bound, bound)
             nn.init.uniform_(self.relation.weight, -bound, bound)
             self.relation.weight.copy_(F.normalize(self.relation.weight, dim=-1))
+            if self.normalize:  # start on the unit sphere, where the paper keeps entities
+                self.entity.weight.copy_(F.normalize(self.entity.weight, dim=-1))
 
     def prepare_entities(self, rows: torch.Tensor) -> torch.Tensor:
         return F.normalize(rows, dim=-1) if self.normalize else rows
