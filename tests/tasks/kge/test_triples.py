@@ -11,6 +11,7 @@ from shoal.errors import DataError, ShoalError
 from shoal.tasks.kge import triples as triples_module
 from shoal.tasks.kge.config import BuiltinDataConfig, FilesDataConfig
 from shoal.tasks.kge.triples import load_kg, read_triples
+from tests.conftest import run_shoal
 
 
 def _files(tmp_path: Path, **texts: str | bytes) -> FilesDataConfig:
@@ -119,3 +120,17 @@ def test_builtin_datasets(name: str, entities: int, relations: int, train: int) 
         train,
     )
     assert set(data.splits) == {"valid", "test"}
+
+
+def test_the_cli_stops_before_training_with_one_line_and_exit_2(tmp_path: Path) -> None:
+    (tmp_path / "train.tsv").write_text("a\tr\tb\nb\tr\n")
+    (tmp_path / "job.toml").write_text(
+        '[task]\ntype = "kge"\nmodel = "transe"\ndata = { train = "train.tsv" }\n'
+        f'[train]\nepochs = 1\nbatch_size = 2\n[run]\ndir = "{tmp_path / "runs"}"\n'
+    )
+    done = run_shoal("train", "job.toml", cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1] == (
+        f"{tmp_path}/train.tsv:2: expected 3 tab-separated columns (head, relation, tail), got 2"
+    )
+    assert "Traceback" not in done.stderr
