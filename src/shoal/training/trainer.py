@@ -274,7 +274,7 @@ class Trainer:
             self.metrics.write({"event": "test", "split": split, "model_step": step, **metrics})
             shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
             self.reporter.note(f"{split} (model of step {step}): {shown}")
-            self.ctx.log.info("test %s with the model of step %d: %s", split, step, shown)
+            self.ctx.log.info("%s split, model of step %d: %s", split, step, shown)
         self.task.save_artifacts(model)
 
     def _load_best_state(self) -> dict[str, torch.Tensor] | None:
