@@ -7,14 +7,14 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.shoal-installed
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo test lint typecheck bench clean
+.PHONY: setup demo test lint typecheck bench bench-kge clean
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check $(TORCH)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]"
+	$(PY) -m pip install --quiet --disable-pip-version-check -e ".[dev]" $(TORCH)
 	touch $(STAMP)
 
 demo: setup
@@ -32,6 +32,9 @@ typecheck: setup
 
 bench: setup
 	$(PY) benchmarks/dp_vs_ddp.py
+
+bench-kge: setup
+	$(PY) benchmarks/kge_vs_pykeen.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

@@ -50,9 +50,10 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "unknown key",
         GOOD + "learning_rate = 0.1\n",
         [],
-        "bad.toml:7: train.learning_rate: unknown key; allowed here: batch_size, drop_last, epochs, "
-        "eval_batch_size, eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, "
-        "min_lr_ratio, mixed_precision, on_nonfinite, optimizer, seed, shuffle, warmup_steps",
+        "bad.toml:7: train.learning_rate: unknown key; allowed here: batch_size, drop_last, "
+        "early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
+        "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
+        "mixed_precision, on_nonfinite, optimizer, seed, shuffle, warmup_steps",
     ),
     (
         "unknown strategy",
@@ -78,7 +79,7 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "unknown task",
         '[task]\ntype = "regression"\n\n[train]\nepochs = 1\nbatch_size = 8\n',
         [],
-        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification",
+        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification, kge",
     ),
     (
         "missing train",
@@ -127,7 +128,7 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         GOOD + 'optimizer = { kind = "rmsprop" }\n',
         [],
         "bad.toml:7: train.optimizer.kind: unknown value 'rmsprop'; choose one of: sgd, adam, "
-        "adamw, adagrad",
+        "adamw, adagrad, sparse_adam",
     ),
     (
         "momentum for adam",
@@ -197,9 +198,9 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         GOOD,
         ["--set", "train.epoch=3"],
         "--set: train.epoch: unknown key; did you mean 'epochs'? allowed here: batch_size, drop_last, "
-        "epochs, eval_batch_size, eval_every_epochs, grad_clip_norm, lr_decay, max_steps, "
-        "micro_batches, min_lr_ratio, mixed_precision, on_nonfinite, optimizer, seed, shuffle, "
-        "warmup_steps",
+        "early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
+        "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
+        "mixed_precision, on_nonfinite, optimizer, seed, shuffle, warmup_steps",
     ),
 ]
 

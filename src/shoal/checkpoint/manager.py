@@ -65,9 +65,9 @@ def find_checkpoint(target: Path) -> Path:
 class CheckpointManager:
     """Saves and loads checkpoints for one run; rank 0 writes, every rank contributes RNG state."""
 
-    def __init__(self, ctx: WorkerContext, keep_last: int) -> None:
+    def __init__(self, ctx: WorkerContext, keep_last: int, directory: Path | None = None) -> None:
         self.ctx = ctx
-        self.directory = ctx.paths.checkpoints
+        self.directory = directory or ctx.paths.checkpoints
         self.keep_last = keep_last
 
     def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> Path | None:
@@ -80,7 +80,7 @@ class CheckpointManager:
             return final  # this step is already saved (e.g. an epoch ended on a step boundary)
         tmp = self.directory / f".step-{step:08d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)
+        tmp.mkdir(parents=True)  # also creates the directory itself (e.g. best/) on first use
         payload = dict(state)
         payload["rng"] = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in rng]
         torch.save(payload, tmp / STATE_FILE)

@@ -11,9 +11,10 @@ from shoal.config.sections import CheckpointConfig, FaultsConfig, MonitorConfig,
 from shoal.config.strategy import LocalStrategyConfig, StrategyConfig
 from shoal.config.train import SGDConfig, TrainConfig
 from shoal.tasks.classification.config import ClassificationTaskConfig
+from shoal.tasks.kge.config import KGETaskConfig
 
 # Further tasks join this union, discriminated by `type`.
-TaskConfig = Annotated[ClassificationTaskConfig, Field(discriminator="type")]
+TaskConfig = Annotated[ClassificationTaskConfig | KGETaskConfig, Field(discriminator="type")]
 
 
 class ShoalConfig(ConfigModel):

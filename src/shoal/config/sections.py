@@ -18,6 +18,11 @@ class CheckpointConfig(ConfigModel):
     )
     keep_last: int = Field(3, ge=1, description="Keep the newest K checkpoints; older are deleted.")
     at_end: bool = Field(True, description="Write a checkpoint when training ends.")
+    keep_best: bool = Field(
+        True,
+        description="Keep the checkpoint with the best validation value of the task's primary "
+        "metric in best/ (replaced atomically when a later evaluation beats it).",
+    )
 
 
 class RunConfig(ConfigModel):

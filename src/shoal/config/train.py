@@ -63,8 +63,27 @@ class AdagradConfig(ConfigModel):
     initial_accumulator_value: float = Field(0.0, ge=0, description="Start of the sum of squares.")
 
 
+class SparseAdamConfig(ConfigModel):
+    """Lazy Adam for sparse gradients (torch's SparseAdam): moments of a row are updated only
+    in the steps that use it. For embedding tables with sparse row gradients."""
+
+    kind: Literal["sparse_adam"] = "sparse_adam"
+    lr: float = Field(1e-3, gt=0, description="Learning rate (peak, after warm-up).")
+    betas: list[float] = Field(
+        [0.9, 0.999], min_length=2, max_length=2, description="[beta1, beta2], each in [0, 1)."
+    )
+    eps: float = Field(1e-8, gt=0, description="Term added to the denominator.")
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> SparseAdamConfig:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must each lie in [0, 1), got {self.betas}")
+        return self
+
+
 OptimizerConfig = Annotated[
-    SGDConfig | AdamConfig | AdamWConfig | AdagradConfig, Field(discriminator="kind")
+    SGDConfig | AdamConfig | AdamWConfig | AdagradConfig | SparseAdamConfig,
+    Field(discriminator="kind"),
 ]
 
 
@@ -95,7 +114,7 @@ class TrainConfig(ConfigModel):
     )
     optimizer: OptimizerConfig = Field(
         default_factory=SGDConfig,
-        description="Optimizer: kind = sgd (the default) | adam | adamw | adagrad.",
+        description="Optimizer: kind = sgd (the default) | adam | adamw | adagrad | sparse_adam.",
     )
     warmup_steps: int = Field(
         0, ge=0, description="Linear learning-rate warm-up from 0 over this many steps."
@@ -111,6 +130,15 @@ class TrainConfig(ConfigModel):
     )
     eval_every_epochs: int = Field(
         1, ge=0, description="Evaluate on the held-out split every N epochs (0: only at the end)."
+    )
+    early_stopping_patience: int | None = Field(
+        None,
+        ge=1,
+        description="Stop when this many evaluations in a row have not improved the task's "
+        "primary validation metric (unset: never stop early).",
+    )
+    early_stopping_min_delta: float = Field(
+        0.0, ge=0, description="Smallest change of the metric that counts as an improvement."
     )
     seed: int = Field(0, ge=0, description="Seed for model initialization, shuffling and dropout.")
     mixed_precision: Literal["off", "bf16", "fp16"] = Field(

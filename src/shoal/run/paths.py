@@ -17,6 +17,7 @@ class RunPaths:
         results.json         final metrics, wall time, world size, strategy
         logs/rank-<r>.log    one log per rank (and rank-<r>.error.json if it failed)
         checkpoints/step-<n> one folder per checkpoint
+        best/step-<n>        the checkpoint with the best validation metric so far
     """
 
     root: Path
@@ -40,6 +41,10 @@ class RunPaths:
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
+
+    @property
+    def best(self) -> Path:
+        return self.root / "best"
 
     def log_file(self, rank: int) -> Path:
         return self.logs / f"rank-{rank}.log"

@@ -98,6 +98,20 @@ class Task(ABC):
             'use strategy.partition kind = "iid" or "dirichlet"'
         )
 
+    def test_splits(self) -> list[str]:
+        """Splits evaluated once after training, with the best model (by `primary_metric`)."""
+        return []
+
+    def set_epoch(self, epoch: int) -> None:  # noqa: B027 - optional hook
+        """Called before each epoch's first batch (and on resume): epoch-keyed sampling."""
+
+    def save_artifacts(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
+        """Collective, after training: write what the task leaves in the run directory."""
+
+    def summary(self) -> dict[str, Any]:
+        """Facts about the data worth keeping in results.json (sizes, skipped samples)."""
+        return {}
+
 
 def move_to(batch: Any, device: torch.device) -> Any:
     """Move every tensor in a (nested) batch to `device`."""

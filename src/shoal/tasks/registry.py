@@ -8,9 +8,11 @@ from shoal.registry import Registry
 from shoal.runtime.context import WorkerContext
 from shoal.tasks.base import Task
 from shoal.tasks.classification.task import ClassificationTask
+from shoal.tasks.kge.task import KGETask
 
 TASKS: Registry[Callable[[WorkerContext], Task]] = Registry("task")
 TASKS.add("classification", ClassificationTask)
+TASKS.add("kge", KGETask)
 
 
 def build_task(ctx: WorkerContext) -> Task:

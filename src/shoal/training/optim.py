@@ -13,6 +13,7 @@ from shoal.config.train import (
     AdamWConfig,
     OptimizerConfig,
     SGDConfig,
+    SparseAdamConfig,
     TrainConfig,
 )
 
@@ -48,6 +49,10 @@ def build_optimizer(
             eps=config.eps,
             weight_decay=config.weight_decay,
             initial_accumulator_value=config.initial_accumulator_value,
+        )
+    if isinstance(config, SparseAdamConfig):
+        return torch.optim.SparseAdam(
+            params, lr=config.lr, betas=(config.betas[0], config.betas[1]), eps=config.eps
         )
     raise TypeError(f"no optimizer for {type(config).__name__}")
 

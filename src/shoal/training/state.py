@@ -24,6 +24,10 @@ class TrainProgress:
     comm_time_s: float = 0.0
     sent_bytes: float = 0.0
     skipped_steps: int = 0
+    best_metric: float | None = None  # best validation value of the task's primary metric
+    best_step: int = -1
+    evals_without_improvement: int = 0
+    stopped_early: bool = False
 
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -7,16 +7,26 @@ gradient sync, global-norm clipping, optimizer and schedule), and around that
 logs, evaluates and checkpoints. A checkpoint holds the model, optimizer, schedule,
 strategy state, data position and every rank's RNG state, so a resumed run on
 CPU ends bit-identical to one that never stopped.
+
+Model selection, for every task: each validation is compared with the best so
+far by the task's `primary_metric`; an improvement is kept in `best/` (written
+atomically) and in memory, and `train.early_stopping_patience` evaluations
+without one end training. After training the best model is restored, evaluated
+on the task's test splits (into results.json) and handed to the task to save its
+artifacts.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from shoal.checkpoint.atomic import atomic_write_json
-from shoal.checkpoint.manager import CheckpointManager, load_checkpoint
+from shoal.checkpoint.manager import CheckpointManager, list_checkpoints, load_checkpoint
 from shoal.config import dump_config
 from shoal.errors import ShoalError
 from shoal.monitor.metrics import MetricsLog
@@ -44,6 +54,8 @@ class Trainer:
         self.last_checkpoint: Path | None = None
         self._saved_step = -1
         self._evaluated_step = -1
+        self._best_state: dict[str, torch.Tensor] | None = None
+        self.best_checkpoint: Path | None = None
 
     # ---------------------------------------------------------------- setup
     def _build(self) -> None:
@@ -64,6 +76,7 @@ class Trainer:
             self.task, model, sync, train, self.total_steps, share=(ctx.rank, ctx.world_size)
         )
         self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
+        self.best_checkpoints = CheckpointManager(ctx, 1, ctx.paths.best)
         if ctx.resume_from:
             self._restore(Path(ctx.resume_from))
         else:
@@ -79,8 +92,10 @@ class Trainer:
 
     def _done(self) -> bool:
         p = self.progress
-        return p.global_step >= self.total_steps or (
-            self.train.epochs is not None and p.epoch >= self.train.epochs
+        return (
+            p.stopped_early
+            or p.global_step >= self.total_steps
+            or (self.train.epochs is not None and p.epoch >= self.train.epochs)
         )
 
     # ---------------------------------------------------------------- the loop
@@ -102,6 +117,7 @@ class Trainer:
         )
         try:
             self._loop()
+            self._test_and_save_artifacts()
         finally:
             self.reporter.close()
             self.metrics.close()
@@ -117,6 +133,7 @@ class Trainer:
         self._time_base = p.train_time_s
         self.learner.model.train()
         while not self._done():
+            self.task.set_epoch(p.epoch)
             plan = EpochPlan(
                 self.task.train_size,
                 train.batch_size,
@@ -203,12 +220,79 @@ class Trainer:
             self.reporter.note(f"step {p.global_step} epoch {p.epoch} {split}: {shown}")
             self.ctx.log.info("eval %s at step %d: %s", split, p.global_step, shown)
         self._evaluated_step = p.global_step
+        self._track_best()
+
+    # ---------------------------------------------------------------- model selection
+    def _track_best(self) -> None:
+        """Compare the latest validation with the best so far; keep it or count towards patience.
+
+        Every rank takes the same decision: evaluation results are identical on all ranks.
+        """
+        splits = self.task.eval_splits()
+        name, direction = self.task.primary_metric
+        value = self.last_eval.get(splits[0], {}).get(name) if splits else None
+        if value is None or math.isnan(value):
+            return
+        p = self.progress
+        delta = self.train.early_stopping_min_delta
+        if p.best_metric is None or (
+            value > p.best_metric + delta if direction == "max" else value < p.best_metric - delta
+        ):
+            p.best_metric, p.best_step, p.evals_without_improvement = value, p.global_step, 0
+            self._best_state = {
+                key: tensor.detach().to("cpu", copy=True)
+                for key, tensor in self.learner.model.state_dict().items()
+            }
+            if self.ctx.config.checkpoint.keep_best:
+                self._save(self.best_checkpoints)
+            return
+        p.evals_without_improvement += 1
+        patience = self.train.early_stopping_patience
+        if patience is not None and p.evals_without_improvement >= patience:
+            p.stopped_early = True
+            message = (
+                f"early stop at step {p.global_step}: {splits[0]} {name} has not improved for "
+                f"{patience} evaluations (best {p.best_metric:.4f} at step {p.best_step})"
+            )
+            self.reporter.note(message)
+            self.ctx.log.info(message)
+
+    def _test_and_save_artifacts(self) -> None:
+        """Restore the best model, evaluate the test splits with it, let the task save artifacts."""
+        model, p = self.learner.model, self.progress
+        if self._best_state is None and p.best_metric is not None:
+            self._best_state = self._load_best_state()
+        if self._best_state is not None:
+            model.load_state_dict(self._best_state)
+        for split in self.task.test_splits():
+            metrics = self.task.evaluate(model, split)
+            if not metrics:
+                continue
+            self.last_eval[split] = metrics
+            step = p.best_step if self._best_state is not None else p.global_step
+            self.metrics.write({"event": "test", "split": split, "model_step": step, **metrics})
+            shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
+            self.reporter.note(f"{split} (model of step {step}): {shown}")
+            self.ctx.log.info("%s split, model of step %d: %s", split, step, shown)
+        self.task.save_artifacts(model)
+
+    def _load_best_state(self) -> dict[str, torch.Tensor] | None:
+        """The best model of a resumed run, from best/ (None if it was not kept)."""
+        found = list_checkpoints(self.ctx.paths.best)
+        if not found:
+            self.ctx.log.warning("no best/ checkpoint to restore: testing the final model")
+            return None
+        self.best_checkpoint = found[-1]
+        state, _ = load_checkpoint(found[-1])
+        model_state: dict[str, torch.Tensor] = state["model"]
+        return model_state
 
     # ---------------------------------------------------------------- checkpoints
     def _sync_time(self) -> None:
         self.progress.train_time_s = self._time_base + time.perf_counter() - self._session_start
 
-    def _save(self) -> None:
+    def _save(self, manager: CheckpointManager | None = None) -> None:
+        """Collective: write a checkpoint with `manager` (default: the periodic checkpoints)."""
         ctx, p = self.ctx, self.progress
         self._sync_time()
         state: dict[str, Any] = {}
@@ -226,6 +310,12 @@ class Trainer:
             "strategy": ctx.config.strategy.type,
             "task": ctx.config.task.type,
         }
+        if manager is not None:
+            path = manager.save(p.global_step, state, meta)
+            if path is not None:
+                self.best_checkpoint = path
+                self.metrics.write({"event": "best", "step": p.global_step, "path": str(path)})
+            return
         path = self.checkpoints.save(p.global_step, state, meta)
         self._saved_step = p.global_step
         if path is not None:
@@ -281,6 +371,17 @@ class Trainer:
             **self.last_eval,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
         }
+        if p.best_metric is not None:
+            results["best"] = {
+                "metric": self.task.primary_metric[0],
+                "value": p.best_metric,
+                "step": p.best_step,
+                "checkpoint": str(self.best_checkpoint) if self.best_checkpoint else None,
+            }
+        results["stopped_early"] = p.stopped_early
+        summary = self.task.summary()
+        if summary:
+            results["data"] = summary
         if ctx.is_main:
             atomic_write_json(ctx.paths.results, results)
         return results

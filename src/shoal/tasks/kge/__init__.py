@@ -1,0 +1,1 @@
+"""Knowledge-graph embeddings: TransE, DistMult, ComplEx and RotatE for link prediction."""

@@ -1,0 +1,138 @@
+"""Filtered link-prediction evaluation: rank the true entity among all entities.
+
+For each held-out triple (h, r, t), tail prediction scores (h, r, e) for every
+entity e and head prediction scores (e, r, t). The *filtered* rank (Bordes et
+al., 2013) ignores every other entity that also forms a known true triple
+(in train, valid or test), so the model is not punished for ranking another
+correct answer first. Ties count as the mean of the best and worst rank they
+allow (the "realistic" rank of Berrendorf et al., 2020): rank = 1 + #greater +
+#equal / 2. A NaN score counts as the worst score. MRR, MR and Hits@k average
+over both directions.
+
+Memory stays bounded: triples are ranked `batch_size` at a time, so the score
+matrix is batch_size x entities, and distance models cut their (triples x
+entities x width) intermediate into blocks of at most `block_elements`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shoal.tasks.kge.models import KGEModel
+
+
+@dataclass
+class Answers:
+    """Per query, in CSR form: the entities that complete it into a known true triple."""
+
+    offsets: np.ndarray
+    entities: np.ndarray
+
+    def rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row within [start, stop), entity) pairs of the queries start..stop-1."""
+        lo, hi = int(self.offsets[start]), int(self.offsets[stop])
+        counts = np.diff(self.offsets[start : stop + 1])
+        rows = np.repeat(np.arange(stop - start), counts)
+        return torch.from_numpy(rows), torch.from_numpy(self.entities[lo:hi])
+
+
+def _answers(known_keys: np.ndarray, known_values: np.ndarray, keys: np.ndarray) -> Answers:
+    """For each of `keys`, every value paired with it in (known_keys, known_values). Vectorised."""
+    order = np.argsort(known_keys, kind="stable")
+    sorted_keys, sorted_values = known_keys[order], known_values[order]
+    lo = np.searchsorted(sorted_keys, keys, side="left")
+    hi = np.searchsorted(sorted_keys, keys, side="right")
+    counts = hi - lo
+    offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    within = np.arange(offsets[-1]) - np.repeat(offsets[:-1], counts)
+    return Answers(offsets, sorted_values[np.repeat(lo, counts) + within])
+
+
+@dataclass
+class FilterIndex:
+    """The known answers of a split's tail queries (h, r, ?) and head queries (?, r, t)."""
+
+    tails: Answers
+    heads: Answers
+
+    @classmethod
+    def build(cls, known: torch.Tensor, triples: torch.Tensor, num_relations: int) -> FilterIndex:
+        k, q = known.numpy(), triples.numpy()
+        n = num_relations  # a query (entity, relation) is keyed entity * n + relation
+        return cls(
+            tails=_answers(k[:, 0] * n + k[:, 1], k[:, 2], q[:, 0] * n + q[:, 1]),
+            heads=_answers(k[:, 2] * n + k[:, 1], k[:, 0], q[:, 2] * n + q[:, 1]),
+        )
+
+
+def realistic_ranks(
+    scores: torch.Tensor,
+    target: torch.Tensor,
+    exclude_rows: torch.Tensor | None = None,
+    exclude_entities: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Rank of each row's `target` column: 1 + #greater + #equal / 2 (float64).
+
+    `exclude_*` are (row, entity) pairs left out of the comparison (the filter);
+    `scores` is modified in place.
+    """
+    scores = torch.nan_to_num_(scores, nan=-torch.inf)
+    rows = torch.arange(len(target))
+    true = scores[rows, target].clone()
+    # an excluded entry becomes NaN: neither greater than nor equal to anything
+    if exclude_rows is not None and exclude_entities is not None and len(exclude_rows):
+        scores[exclude_rows, exclude_entities] = torch.nan
+    scores[rows, target] = torch.nan  # the target itself is neither greater nor a tie
+    greater = (scores > true[:, None]).sum(dim=1)
+    equal = (scores == true[:, None]).sum(dim=1)
+    return 1.0 + greater.double() + equal.double() / 2.0
+
+
+@torch.no_grad()
+def rank_triples(
+    model: KGEModel,
+    triples: torch.Tensor,
+    answers: FilterIndex | None,
+    start: int,
+    stop: int,
+    batch_size: int,
+    block_elements: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """Filtered ranks of triples[start:stop], tail then head prediction per batch (float64, CPU)."""
+    candidates = model.all_entities()
+    ranks = []
+    for lo in range(start, stop, batch_size):
+        hi = min(lo + batch_size, stop)
+        batch = triples[lo:hi].to(device)
+        h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
+        relation = model.relation_rows(r)
+        for side in ("tail", "head"):
+            if side == "tail":
+                queries, target = model.tail_query(candidates[h], relation), t
+            else:
+                queries, target = model.head_query(candidates[t], relation), h
+            scores = model.score_all(queries, candidates, block_elements).float()
+            rows = entities = None
+            if answers is not None:
+                rows, entities = (answers.tails if side == "tail" else answers.heads).rows(lo, hi)
+                rows, entities = rows.to(device), entities.to(device)
+            ranks.append(realistic_ranks(scores, target, rows, entities).cpu())
+    return torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.float64)
+
+
+def rank_metric_sums(ranks: torch.Tensor, hits_at: list[int]) -> list[float]:
+    """[count, sum of 1/rank, sum of rank, hits@k counts...]: additive over ranks and workers."""
+    sums = [float(len(ranks)), float((1.0 / ranks).sum()), float(ranks.sum())]
+    return sums + [float((ranks <= k).sum()) for k in hits_at]
+
+
+def metrics_from_sums(sums: list[float], hits_at: list[int]) -> dict[str, float]:
+    count = max(sums[0], 1.0)
+    metrics = {"mrr": sums[1] / count, "mr": sums[2] / count}
+    for k, hits in zip(hits_at, sums[3:], strict=True):
+        metrics[f"hits@{k}"] = hits / count
+    return metrics

@@ -1,0 +1,330 @@
+"""The scoring models: TransE, DistMult, ComplEx and RotatE, over explicit embedding rows.
+
+Every model is two tables (entities, relations) plus maths on *rows* of them.
+Training takes the path a sparse table serves: gather the rows a batch uses
+(`entity_rows`, `relation_rows`: the only place the tables are read), score,
+and backward leaves gradients on exactly those rows. A parameter server replaces
+the two gathers with pulls and pushes the rows' gradients; the maths is unchanged.
+The tables are `nn.Embedding`s with dense gradients by default, so `local` and
+`data_parallel` (which sums dense gradient buckets) train them as they are; with
+`sparse = True` a gather's backward yields sparse row gradients instead, which
+row-wise optimizers (sparse_adam, adagrad, sgd) apply to the used rows only.
+
+Scores are written as a *query* matched against *candidates*: for tail prediction
+the query is built from (h, r) and matched against every candidate tail; for
+head prediction from (r, t) and matched against every candidate head. For all
+four models this split is exact (TransE: h + r vs t, or t - r vs h; RotatE:
+h o r vs t, or t o conj(r) vs h since |r| = 1; ComplEx: h o r vs t, or
+conj(r) o t vs h), so one positive's own score, its shared negatives and a
+ranking against all entities use the same `match`: a matrix product for the
+bilinear models, a pairwise distance for the translational ones.
+"""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shoal.registry import Registry
+from shoal.tasks.kge.config import (
+    ComplExConfig,
+    DistMultConfig,
+    KGEModelConfig,
+    RotatEConfig,
+    TransEConfig,
+)
+
+_TINY = 1e-30  # below this a squared modulus is clamped: sqrt stays differentiable at 0
+
+
+def _halves(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A complex row stored as [real parts, imaginary parts]."""
+    k = x.shape[-1] // 2
+    return x[..., :k], x[..., k:]
+
+
+def _complex_modulus(x: torch.Tensor) -> torch.Tensor:
+    re, im = _halves(x)
+    return (re * re + im * im).clamp_min(_TINY).sqrt()
+
+
+class KGEModel(nn.Module, ABC):
+    """Entity and relation tables and a score function defined on their rows."""
+
+    #: True when `match` builds an (n, m, width) intermediate that evaluation must cut in blocks
+    pairwise_intermediate: ClassVar[bool] = False
+
+    def __init__(
+        self, num_entities: int, num_relations: int, entity_width: int, relation_width: int
+    ) -> None:
+        super().__init__()
+        self.entity = nn.Embedding(num_entities, entity_width)
+        self.relation = nn.Embedding(num_relations, relation_width)
+        self.sparse = False  # set by the task: gathers then give sparse row gradients
+
+    # ------------------------------------------------------------ the tables (gather rows)
+    def entity_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        """The rows of entities `ids` as the score uses them (a gather: row gradients)."""
+        return self.prepare_entities(F.embedding(ids, self.entity.weight, sparse=self.sparse))
+
+    def relation_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        return F.embedding(ids, self.relation.weight, sparse=self.sparse)
+
+    def prepare_entities(self, rows: torch.Tensor) -> torch.Tensor:
+        """A transformation of gathered entity rows before scoring (TransE: unit length)."""
+        return rows
+
+    def all_entities(self) -> torch.Tensor:
+        """Every entity row as scored: the candidates of a ranking."""
+        return self.prepare_entities(self.entity.weight)
+
+    # ------------------------------------------------------------ the maths (on rows)
+    @abstractmethod
+    def tail_query(self, head: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        """What candidate tails are matched against."""
+
+    @abstractmethod
+    def head_query(self, tail: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        """What candidate heads are matched against."""
+
+    @abstractmethod
+    def match(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Scores of every (query, candidate) pair: (..., n, w) x (..., m, w) -> (..., n, m)."""
+
+    @abstractmethod
+    def match_rows(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Scores of aligned pairs: (..., w) x (..., w) -> (...), broadcasting."""
+
+    def match_each(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        """Each query against its own candidates: (n, w) x (n, K, w) -> (n, K).
+
+        Elementwise rather than n tiny matrix products, which are slow on CPU.
+        """
+        return self.match_rows(queries.unsqueeze(-2), candidates)
+
+    def query(
+        self, anchor: torch.Tensor, relation: torch.Tensor, corrupt_head: torch.Tensor
+    ) -> torch.Tensor:
+        """Per triple: the head query where `corrupt_head` (anchor = tail), else the tail query."""
+        return torch.where(
+            corrupt_head[:, None],
+            self.head_query(anchor, relation),
+            self.tail_query(anchor, relation),
+        )
+
+    def score(self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
+        """The score of each triple, from rows (higher = more plausible)."""
+        return self.match_rows(self.tail_query(head, relation), tail)
+
+    def magnitudes(
+        self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor
+    ) -> list[torch.Tensor]:
+        """The numbers an L2 or N3 penalty acts on (complex models: moduli)."""
+        return [head, relation, tail]
+
+    # ------------------------------------------------------------ evaluation
+    def score_all(
+        self, queries: torch.Tensor, candidates: torch.Tensor, block_elements: int
+    ) -> torch.Tensor:
+        """(n, w) queries against (m, w) candidates, cut so no intermediate exceeds the budget."""
+        if not self.pairwise_intermediate:
+            return self.match(queries, candidates)
+        n, width = queries.shape
+        block = max(1, block_elements // max(1, n * width))
+        return torch.cat(
+            [
+                self.match(queries, candidates[start : start + block])
+                for start in range(0, len(candidates), block)
+            ],
+            dim=1,
+        )
+
+
+class TransE(KGEModel):
+    """TransE (Bordes et al., 2013): a relation translates the head onto the tail.
+
+    score(h, r, t) = -||h + r - t||_p. Initialisation as in the paper: every row
+    U(-6/sqrt(d), 6/sqrt(d)), relation rows then scaled to unit L2 norm; entity
+    rows start at unit L2 norm and are scored at unit norm (the paper renormalises
+    them every step; here the normalisation is part of the score, so it needs no
+    in-place update and its gradient is the projected one). Starting on the sphere
+    matters: a row of norm n would move n times slower in direction.
+    """
+
+    def __init__(
+        self, config: TransEConfig, num_entities: int, num_relations: int, dim: int
+    ) -> None:
+        super().__init__(num_entities, num_relations, dim, dim)
+        self.p = config.p
+        self.normalize = config.normalize_entities
+        bound = 6.0 / math.sqrt(dim) * config.init_scale
+        with torch.no_grad():
+            nn.init.uniform_(self.entity.weight, -bound, bound)
+            nn.init.uniform_(self.relation.weight, -bound, bound)
+            self.relation.weight.copy_(F.normalize(self.relation.weight, dim=-1))
+            if self.normalize:  # start on the unit sphere, where the paper keeps entities
+                self.entity.weight.copy_(F.normalize(self.entity.weight, dim=-1))
+
+    def prepare_entities(self, rows: torch.Tensor) -> torch.Tensor:
+        return F.normalize(rows, dim=-1) if self.normalize else rows
+
+    def tail_query(self, head: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        return head + relation
+
+    def head_query(self, tail: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        return tail - relation
+
+    def match(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        if self.p == 1:
+            return -torch.cdist(queries, candidates, p=1.0)
+        # ||q - c||^2 = |q|^2 + |c|^2 - 2 q.c: a matrix product instead of an (n, m, w) difference
+        squared = (
+            (queries * queries).sum(dim=-1, keepdim=True)
+            + (candidates * candidates).sum(dim=-1).unsqueeze(-2)
+            - 2.0 * torch.matmul(queries, candidates.transpose(-1, -2))
+        )
+        return -squared.clamp_min(_TINY).sqrt()
+
+    def match_rows(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        diff = queries - candidates
+        if self.p == 1:
+            return -diff.abs().sum(dim=-1)
+        return -(diff * diff).sum(dim=-1).clamp_min(_TINY).sqrt()
+
+
+class DistMult(KGEModel):
+    """DistMult (Yang et al., 2015): a diagonal bilinear form, score = sum_i h_i r_i t_i.
+
+    Symmetric in h and t by construction. Rows start Xavier-uniform,
+    U(+-sqrt(6 / (2 d))) (a row seen as a d x d layer), times `init_scale`.
+    """
+
+    def __init__(
+        self, config: DistMultConfig, num_entities: int, num_relations: int, dim: int
+    ) -> None:
+        super().__init__(num_entities, num_relations, dim, dim)
+        bound = math.sqrt(6.0 / (2 * dim)) * config.init_scale
+        nn.init.uniform_(self.entity.weight, -bound, bound)
+        nn.init.uniform_(self.relation.weight, -bound, bound)
+
+    def tail_query(self, head: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        return head * relation
+
+    def head_query(self, tail: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        return tail * relation
+
+    def match(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(queries, candidates.transpose(-1, -2))
+
+    def match_rows(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        return (queries * candidates).sum(dim=-1)
+
+
+class ComplEx(DistMult):
+    """ComplEx (Trouillon et al., 2016): score = Re(sum_i h_i r_i conj(t_i)), complex rows.
+
+    Re(<q, conj(c)>) = q_re . c_re + q_im . c_im, so with rows stored as [re, im]
+    matching is DistMult's real dot product; only the queries are complex
+    products. Rows start N(0, init_scale^2), as in the paper (init_scale = 1).
+    """
+
+    def __init__(
+        self, config: ComplExConfig, num_entities: int, num_relations: int, dim: int
+    ) -> None:
+        KGEModel.__init__(self, num_entities, num_relations, dim, dim)
+        nn.init.normal_(self.entity.weight, std=config.init_scale)
+        nn.init.normal_(self.relation.weight, std=config.init_scale)
+
+    def tail_query(self, head: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        h_re, h_im = _halves(head)
+        r_re, r_im = _halves(relation)
+        return torch.cat([h_re * r_re - h_im * r_im, h_re * r_im + h_im * r_re], dim=-1)
+
+    def head_query(self, tail: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        t_re, t_im = _halves(tail)
+        r_re, r_im = _halves(relation)  # conj(r) o t
+        return torch.cat([r_re * t_re + r_im * t_im, r_re * t_im - r_im * t_re], dim=-1)
+
+    def magnitudes(
+        self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor
+    ) -> list[torch.Tensor]:
+        return [_complex_modulus(head), _complex_modulus(relation), _complex_modulus(tail)]
+
+
+class RotatE(KGEModel):
+    """RotatE (Sun et al., 2019): a relation rotates the head onto the tail in C^k.
+
+    score = -sum_i |h_i r_i - t_i| with r_i = exp(i theta_i), so |r_i| = 1 always:
+    relations are stored as phases theta. Initialisation as in the paper: entity
+    parts U(+-(gamma + 2) / k) (gamma the loss margin), phases U(-pi, pi).
+    """
+
+    pairwise_intermediate: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        config: RotatEConfig,
+        num_entities: int,
+        num_relations: int,
+        dim: int,
+        gamma: float,
+    ) -> None:
+        k = dim // 2
+        super().__init__(num_entities, num_relations, dim, k)
+        bound = (gamma + 2.0) / k * config.init_scale
+        nn.init.uniform_(self.entity.weight, -bound, bound)
+        nn.init.uniform_(self.relation.weight, -math.pi, math.pi)
+
+    @staticmethod
+    def _rotation(phases: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return torch.cos(phases), torch.sin(phases)
+
+    def tail_query(self, head: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        h_re, h_im = _halves(head)
+        cos, sin = self._rotation(relation)
+        return torch.cat([h_re * cos - h_im * sin, h_re * sin + h_im * cos], dim=-1)
+
+    def head_query(self, tail: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
+        t_re, t_im = _halves(tail)
+        cos, sin = self._rotation(relation)  # t o conj(r)
+        return torch.cat([t_re * cos + t_im * sin, t_im * cos - t_re * sin], dim=-1)
+
+    def match(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        # |q_i - c_i| is the distance of two points in the plane: one batched pairwise-distance
+        # call per complex dimension i (batch dim first), summed over i. Without the
+        # matrix-product shortcut, whose cancellation would blur close distances.
+        q = torch.stack(_halves(queries), dim=-1).movedim(-2, 0)  # (k, ..., n, 2)
+        c = torch.stack(_halves(candidates), dim=-1).movedim(-2, 0)  # (k, ..., m, 2)
+        distances = torch.cdist(q, c, compute_mode="donot_use_mm_for_euclid_dist")
+        return -distances.sum(dim=0)
+
+    def match_rows(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
+        return -_complex_modulus(queries - candidates).sum(dim=-1)
+
+    def magnitudes(
+        self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor
+    ) -> list[torch.Tensor]:
+        return [_complex_modulus(head), _complex_modulus(tail)]  # |r_i| = 1: nothing to penalise
+
+
+ModelBuilder = Callable[[Any, int, int, int, float], KGEModel]
+"""(config, entities, relations, dim, gamma) -> model."""
+
+MODELS: Registry[ModelBuilder] = Registry("kge model")
+MODELS.add("transe", lambda config, e, r, dim, gamma: TransE(config, e, r, dim))
+MODELS.add("distmult", lambda config, e, r, dim, gamma: DistMult(config, e, r, dim))
+MODELS.add("complex", lambda config, e, r, dim, gamma: ComplEx(config, e, r, dim))
+MODELS.add("rotate", RotatE)
+
+
+def build_kge_model(
+    config: KGEModelConfig, num_entities: int, num_relations: int, dim: int, gamma: float
+) -> KGEModel:
+    """The model `config` names; `gamma` is the loss margin (RotatE's initialisation uses it)."""
+    return MODELS.get(config.type)(config, num_entities, num_relations, dim, gamma)

@@ -1,0 +1,130 @@
+"""Negative sampling, drawn from counter-based random numbers.
+
+Every draw is a pure function of (seed, epoch, sample index, slot): a hash
+(SplitMix64's finalizer) of those numbers, like Philox in cuRAND and JAX. So the
+negatives of a triple do not depend on which worker trains it, in which order, or
+whether the run was resumed in between: N data-parallel workers draw exactly the
+negatives one process draws, and a resumed run draws what an uninterrupted one
+would have.
+
+Shared negatives (`chunk_size` > 1, DGL-KE's "joint" sampling): consecutive
+positives of a batch form chunks; a chunk draws one set of `num_negatives`
+entities, keyed by its first sample index, and each of its positives is scored
+against all of them, which is one matrix product per chunk.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from shoal.tasks.kge.config import NegativeSamplingConfig
+
+_STREAM_SIDE = 0x5ADE
+_STREAM_ENTITY = 0xE17
+
+_GOLDEN = np.uint64(0x9E3779B97F4A7C15)
+_M1 = np.uint64(0xBF58476D1CE4E5B9)
+_M2 = np.uint64(0x94D049BB133111EB)
+
+
+def _mix(x: np.ndarray) -> np.ndarray:
+    """SplitMix64's finalizer: a bijection of uint64 that scatters every input bit."""
+    x = x + _GOLDEN
+    x = (x ^ (x >> np.uint64(30))) * _M1
+    x = (x ^ (x >> np.uint64(27))) * _M2
+    return x ^ (x >> np.uint64(31))
+
+
+def counter_uniform(seed: int, stream: int, epoch: int, keys: np.ndarray, slots: int) -> np.ndarray:
+    """Uniform floats in [0, 1) of shape (len(keys), slots), a function of the arguments alone."""
+    with np.errstate(over="ignore"):
+        head = _mix(np.array([seed, stream, epoch], dtype=np.uint64))
+        base = _mix(_mix(head[0] ^ head[1]) ^ head[2])
+        per_key = _mix(base ^ _mix(keys.astype(np.uint64)))
+        bits = _mix(per_key[:, None] ^ _mix(np.arange(slots, dtype=np.uint64))[None, :])
+    return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
+
+
+def head_corruption_probability(triples: torch.Tensor, num_relations: int) -> torch.Tensor:
+    """P(corrupt the head) per relation, tph / (tph + hpt) (Wang et al., 2014, "TransH").
+
+    tph is the mean number of tails per (head, relation), hpt the mean number of
+    heads per (relation, tail). For a one-to-many relation, replacing the head is
+    less likely to produce a triple that is in fact true.
+    """
+    h, r, t = (triples[:, i].numpy() for i in range(3))
+    num_entities = int(max(h.max(), t.max())) + 1
+    count = np.bincount(r, minlength=num_relations).astype(np.float64)
+    heads = np.bincount(np.unique(r * num_entities + h) // num_entities, minlength=num_relations)
+    tails = np.bincount(np.unique(r * num_entities + t) // num_entities, minlength=num_relations)
+    tph = count / np.maximum(heads, 1)
+    hpt = count / np.maximum(tails, 1)
+    probability = np.where(count > 0, tph / np.maximum(tph + hpt, 1e-12), 0.5)
+    return torch.from_numpy(probability)
+
+
+@dataclass
+class Negatives:
+    """The corruptions of a batch of positives.
+
+    `corrupt_head[i]` says which side of positive i is replaced; `entities[c]` are
+    the replacement entities of chunk c, which covers positives
+    [c * chunk_size, (c + 1) * chunk_size).
+    """
+
+    corrupt_head: torch.Tensor
+    entities: torch.Tensor
+    chunk_size: int
+
+
+class NegativeSampler:
+    """Draws each positive's corrupted side and the replacement entities of each chunk."""
+
+    def __init__(
+        self,
+        config: NegativeSamplingConfig,
+        train: torch.Tensor,
+        num_entities: int,
+        num_relations: int,
+        seed: int,
+    ) -> None:
+        self.config = config
+        self.num_entities = num_entities
+        self.seed = seed
+        self.epoch = 0
+        if config.side == "bernoulli":
+            self.head_probability = head_corruption_probability(train, num_relations)
+        else:
+            self.head_probability = torch.full((num_relations,), 0.5, dtype=torch.float64)
+        self.cumulative: np.ndarray | None = None
+        if config.distribution == "degree":
+            degree = np.bincount(train[:, 0].numpy(), minlength=num_entities) + np.bincount(
+                train[:, 2].numpy(), minlength=num_entities
+            )
+            self.cumulative = np.cumsum(degree.astype(np.float64))
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def sample(self, indices: torch.Tensor, relations: torch.Tensor) -> Negatives:
+        """Corruptions of the positives with sample ids `indices` (of relations `relations`)."""
+        keys = indices.numpy()
+        u_side = counter_uniform(self.seed, _STREAM_SIDE, self.epoch, keys, 1)[:, 0]
+        corrupt_head = torch.from_numpy(u_side) < self.head_probability[relations]
+        chunk = self.config.chunk_size
+        chunk_keys = keys[::chunk]
+        u = counter_uniform(
+            self.seed, _STREAM_ENTITY, self.epoch, chunk_keys, self.config.num_negatives
+        )
+        return Negatives(corrupt_head, torch.from_numpy(self.entities_at(u)), chunk)
+
+    def entities_at(self, u: np.ndarray) -> np.ndarray:
+        """Entities for uniform draws `u`: uniform over entities, or by degree (inverse CDF)."""
+        if self.cumulative is None:
+            ids = (u * self.num_entities).astype(np.int64)
+            return np.minimum(ids, self.num_entities - 1)
+        ids = np.searchsorted(self.cumulative, u * self.cumulative[-1], side="right")
+        return np.minimum(ids, self.num_entities - 1).astype(np.int64)

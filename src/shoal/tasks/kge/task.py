@@ -1,0 +1,243 @@
+"""The knowledge-graph embedding task: negative-sampling training, filtered ranking evaluation."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shoal.errors import ShoalError
+from shoal.runtime.collectives import all_reduce_sum
+from shoal.runtime.context import WorkerContext
+from shoal.tasks.base import LossOutput, Task, rank_slice
+from shoal.tasks.kge.config import KGETaskConfig, LogisticLossConfig, MarginRankingLossConfig
+from shoal.tasks.kge.evaluation import (
+    FilterIndex,
+    metrics_from_sums,
+    rank_metric_sums,
+    rank_triples,
+)
+from shoal.tasks.kge.export import export_embeddings, write_id_maps
+from shoal.tasks.kge.losses import kge_loss, penalty
+from shoal.tasks.kge.models import KGEModel, build_kge_model
+from shoal.tasks.kge.sampling import NegativeSampler
+from shoal.tasks.kge.triples import load_kg
+
+ROTATE_DEFAULT_GAMMA = 12.0  # RotatE's initialisation range when the loss has no margin
+
+
+class KGETask(Task):
+    """Link prediction: entity and relation embeddings trained on (head, relation, tail) triples.
+
+    A batch is a set of positive triples; each is corrupted on one side into
+    `num_negatives` negatives (shared within chunks), scored by the model and
+    turned into a per-positive loss summed over the batch. Evaluation is the
+    filtered ranking of every valid/test triple against all entities, split over
+    the ranks. Test metrics come from the best model by validation MRR.
+    """
+
+    primary_metric: ClassVar[tuple[str, str]] = ("mrr", "max")
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        config = ctx.config.task
+        assert isinstance(config, KGETaskConfig)
+        self.config = config
+        self.data = load_kg(config.data)
+        self.num_entities = len(self.data.entities)
+        self.num_relations = len(self.data.relations)
+        if config.negatives.chunk_size > ctx.config.train.batch_size:
+            raise ShoalError(
+                f"task.negatives.chunk_size ({config.negatives.chunk_size}) exceeds "
+                f"train.batch_size ({ctx.config.train.batch_size}); make it at most the batch size"
+            )
+        if config.sparse_gradients:
+            check_sparse_setup(ctx)
+        self.sampler = NegativeSampler(
+            config.negatives,
+            self.data.train,
+            self.num_entities,
+            self.num_relations,
+            ctx.config.train.seed,
+        )
+        self._filters: dict[str, tuple[torch.Tensor, FilterIndex | None]] = {}
+        self.embeddings_dir = ctx.paths.root / "embeddings"
+        if ctx.is_main:
+            write_id_maps(self.embeddings_dir, self.data.entities, self.data.relations)
+        for split in self.data.splits.values():
+            if split.unseen:
+                ctx.log.warning(
+                    "%s: %d triples name an entity or relation absent from training; they are "
+                    'left out of evaluation (task.data.unseen = "skip")',
+                    split.path,
+                    split.unseen,
+                )
+        ctx.log.info(
+            "kge data: %d entities, %d relations, %d training triples, %s",
+            self.num_entities,
+            self.num_relations,
+            len(self.data.train),
+            ", ".join(f"{n} {len(s.triples)}" for n, s in self.data.splits.items()) or "no splits",
+        )
+
+    # ------------------------------------------------------------ the Task contract
+    @property
+    def train_size(self) -> int:
+        return len(self.data.train)
+
+    def build_model(self) -> nn.Module:
+        loss = self.config.loss
+        gamma = ROTATE_DEFAULT_GAMMA
+        if isinstance(loss, LogisticLossConfig | MarginRankingLossConfig) and loss.margin > 0:
+            gamma = loss.margin
+        model = build_kge_model(
+            self.config.model, self.num_entities, self.num_relations, self.config.dim, gamma
+        )
+        model.sparse = self.config.sparse_gradients
+        return model
+
+    def set_epoch(self, epoch: int) -> None:
+        self.sampler.set_epoch(epoch)
+
+    def train_batch(self, indices: torch.Tensor) -> dict[str, Any]:
+        triples = self.data.train[indices]
+        negatives = self.sampler.sample(indices, triples[:, 1])
+        device = self.ctx.device
+        return {
+            "triples": triples.to(device),
+            "corrupt_head": negatives.corrupt_head.to(device),
+            "negatives": negatives.entities.to(device),
+        }
+
+    def loss(self, model: nn.Module, batch: Any) -> LossOutput:
+        assert isinstance(model, KGEModel)
+        positive, negative, magnitudes = score_batch(
+            model,
+            batch["triples"],
+            batch["corrupt_head"],
+            batch["negatives"],
+            self.config.negatives.chunk_size,
+        )
+        per_positive = kge_loss(self.config.loss, positive, negative)
+        per_positive = per_positive + penalty(self.config.regularization, magnitudes)
+        return LossOutput(per_positive.sum(), len(positive))
+
+    def eval_splits(self) -> list[str]:
+        return ["valid"] if "valid" in self.data.splits else []
+
+    def test_splits(self) -> list[str]:
+        return ["test"] if "test" in self.data.splits else []
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "entities": self.num_entities,
+            "relations": self.num_relations,
+            "train_triples": len(self.data.train),
+            **{f"{n}_triples": len(s.triples) for n, s in self.data.splits.items()},
+            **{f"{n}_unseen_skipped": s.unseen for n, s in self.data.splits.items()},
+        }
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        if split not in self.data.splits:
+            return {}
+        assert isinstance(model, KGEModel)
+        evaluation = self.config.evaluation
+        triples, answers = self._split_for_ranking(split)
+        part = rank_slice(len(triples), self.ctx.rank, self.ctx.world_size)
+        was_training = model.training
+        model.eval()
+        ranks = rank_triples(
+            model,
+            triples,
+            answers,
+            part.start,
+            part.stop,
+            evaluation.batch_size,
+            evaluation.block_elements,
+            self.ctx.device,
+        )
+        model.train(was_training)
+        sums = all_reduce_sum(self.ctx, rank_metric_sums(ranks, evaluation.hits_at))
+        return metrics_from_sums(sums, evaluation.hits_at)
+
+    def save_artifacts(self, model: nn.Module) -> None:
+        if self.ctx.is_main:
+            assert isinstance(model, KGEModel)
+            export_embeddings(self.embeddings_dir, model, self.config)
+
+    # ------------------------------------------------------------ helpers
+    def _split_for_ranking(self, split: str) -> tuple[torch.Tensor, FilterIndex | None]:
+        """The triples ranked for `split` (a fixed sample with max_triples) and their filter."""
+        if split not in self._filters:
+            triples = self.data.splits[split].triples
+            limit = self.config.evaluation.max_triples
+            if limit is not None and limit < len(triples):
+                chosen = np.sort(np.random.default_rng(0).permutation(len(triples))[:limit])
+                triples = triples[torch.from_numpy(chosen)]
+            answers = None
+            if self.config.evaluation.filtered:
+                answers = FilterIndex.build(self.data.all_known(), triples, self.num_relations)
+            self._filters[split] = (triples, answers)
+        return self._filters[split]
+
+
+def score_batch(
+    model: KGEModel,
+    triples: torch.Tensor,
+    corrupt_head: torch.Tensor,
+    negatives: torch.Tensor,
+    chunk_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
+    """Scores of the positives (n,), of their negatives (n, K), and the rows to regularise.
+
+    The rows of every entity the batch touches are gathered once (the sparse-table
+    path); positive i is matched against the negatives of its chunk, i // chunk_size,
+    which for a chunk is one (chunk_size x width) x (width x K) product.
+    """
+    n = len(triples)
+    chunks, k = negatives.shape
+    chunk = min(chunk_size, n)
+    h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
+    ids, where = torch.unique(torch.cat([h, t, negatives.reshape(-1)]), return_inverse=True)
+    rows = model.entity_rows(ids)
+    head, tail = rows[where[:n]], rows[where[n : 2 * n]]
+    candidates = rows[where[2 * n :]].view(chunks, k, -1)
+    relation = model.relation_rows(r)
+    anchor = torch.where(corrupt_head[:, None], tail, head)
+    target = torch.where(corrupt_head[:, None], head, tail)
+    queries = model.query(anchor, relation, corrupt_head)
+    positive = model.match_rows(queries, target)
+    if chunk == 1:
+        negative = model.match_each(queries, candidates)
+    else:
+        padded = F.pad(queries, (0, 0, 0, chunks * chunk - n)).view(chunks, chunk, -1)
+        negative = model.match(padded, candidates).reshape(chunks * chunk, k)[:n]
+    return positive, negative, model.magnitudes(head, relation, tail)
+
+
+SPARSE_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd")
+
+
+def check_sparse_setup(ctx: WorkerContext) -> None:
+    """Sparse row gradients need a row-wise optimizer and one process (dense buckets cannot
+    carry them; the parameter-server strategy is where sparse rows travel)."""
+    train = ctx.config.train
+    kind = train.optimizer.kind
+    problem = None
+    if kind not in SPARSE_OPTIMIZERS:
+        problem = f"train.optimizer.kind = {kind!r} cannot apply sparse gradients; use one of "
+        problem += ", ".join(SPARSE_OPTIMIZERS)
+    elif kind == "sgd" and getattr(train.optimizer, "momentum", 0.0) > 0:
+        problem = "train.optimizer: sgd with momentum cannot apply sparse gradients; "
+        problem += "set momentum = 0"
+    elif ctx.config.strategy.type != "local":
+        problem = f"strategy {ctx.config.strategy.type!r} reduces dense gradients; "
+        problem += "use strategy local"
+    elif train.grad_clip_norm is not None:
+        problem = "train.grad_clip_norm cannot clip sparse gradients; unset it"
+    if problem:
+        raise ShoalError(f"task.sparse_gradients = true: {problem} (or set it to false)")

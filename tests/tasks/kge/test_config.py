@@ -1,0 +1,67 @@
+"""Bad `[task]` tables of type kge: one line each, with file, line and field path."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from shoal.config import load_config
+from shoal.errors import ConfigError
+
+HEAD = '[task]\ntype = "kge"\n'
+TRAIN = "\n[train]\nepochs = 1\nbatch_size = 8\n"
+
+
+@pytest.mark.parametrize(
+    ("task", "expected"),
+    [
+        (
+            'dim = 5\nmodel = { type = "complex" }\ndata = { name = "nations" }\n',
+            "bad.toml:1: task: dim must be even for complex (dim/2 complex numbers), got 5",
+        ),
+        (
+            'model = { type = "transh" }\ndata = { name = "nations" }\n',
+            "bad.toml:3: task.model.type: unknown value 'transh'; choose one of: transe, "
+            "distmult, complex, rotate",
+        ),
+        (
+            'model = { type = "transe", p = 3 }\ndata = { name = "nations" }\n',
+            "bad.toml:3: task.model.p: must be one of 1 or 2, got 3 (integer)",
+        ),
+        (
+            'model = "distmult"\ndata = { name = "fb15k" }\n',
+            "bad.toml:4: task.data.name: must be one of 'nations', 'kinships' or 'umls', "
+            "got 'fb15k' (string)",
+        ),
+        (
+            'model = "distmult"\ndata = { train = "missing.tsv" }\n',
+            "bad.toml:4: task.data.train: file not found: {dir}/missing.tsv",
+        ),
+        (
+            'model = "distmult"\ndata = { name = "nations" }\nloss = { kind = "hinge" }\n',
+            "bad.toml:5: task.loss.kind: unknown value 'hinge'; choose one of: margin_ranking, "
+            "logistic, softmax",
+        ),
+    ],
+)
+def test_bad_kge_config_is_one_line(tmp_path: Path, task: str, expected: str) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(HEAD + task + TRAIN)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"{tmp_path}/" + expected.format(dir=tmp_path)
+
+
+def test_a_model_name_alone_means_its_defaults() -> None:
+    config = load_config(
+        {
+            "task": {"type": "kge", "model": "rotate", "data": {"name": "nations"}},
+            "train": TRAIN_DICT,
+        }
+    )
+    assert config.task.model.type == "rotate"  # type: ignore[union-attr]
+    assert config.task.loss.kind == "margin_ranking"  # type: ignore[union-attr]
+
+
+TRAIN_DICT = {"epochs": 1, "batch_size": 8}

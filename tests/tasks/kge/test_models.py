@@ -1,0 +1,143 @@
+"""The four scoring models: hand-computed scores, query/candidate identities, gradients."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from shoal.tasks.kge.config import ComplExConfig, DistMultConfig, RotatEConfig, TransEConfig
+from shoal.tasks.kge.models import MODELS, KGEModel, build_kge_model
+
+CONFIGS = {
+    "transe-l1": TransEConfig(p=1),
+    "transe-l2": TransEConfig(p=2),
+    "distmult": DistMultConfig(),
+    "complex": ComplExConfig(),
+    "rotate": RotatEConfig(),
+}
+
+
+def _model(name: str, dim: int = 6, entities: int = 7, relations: int = 3) -> KGEModel:
+    torch.manual_seed(0)
+    return build_kge_model(CONFIGS[name], entities, relations, dim, gamma=6.0).double()
+
+
+def _rows(model: KGEModel, n: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(1)
+    width_e, width_r = model.entity.weight.shape[1], model.relation.weight.shape[1]
+    h = torch.randn(n, width_e, generator=g, dtype=torch.float64)
+    r = torch.randn(n, width_r, generator=g, dtype=torch.float64)
+    t = torch.randn(n, width_e, generator=g, dtype=torch.float64)
+    return h, r, t
+
+
+def test_every_model_is_registered() -> None:
+    assert MODELS.names() == ["complex", "distmult", "rotate", "transe"]
+
+
+def test_transe_scores_by_hand() -> None:
+    l1, l2 = _model("transe-l1", dim=2), _model("transe-l2", dim=2)
+    h, r = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])
+    for t, d1, d2 in [
+        ([1.0, 1.0], 0.0, 0.0),
+        ([0.0, 0.0], 2.0, math.sqrt(2)),
+        ([4.0, -3.0], 7.0, 5.0),
+    ]:
+        tail = torch.tensor([t])
+        assert l1.float().score(h, r, tail).item() == pytest.approx(-d1, abs=1e-6)
+        assert l2.float().score(h, r, tail).item() == pytest.approx(-d2, abs=1e-6)
+
+
+def test_distmult_score_by_hand() -> None:
+    model = _model("distmult", dim=2).float()
+    score = model.score(
+        torch.tensor([[1.0, 2.0]]), torch.tensor([[3.0, 4.0]]), torch.tensor([[5.0, 6.0]])
+    )
+    assert score.item() == pytest.approx(1 * 3 * 5 + 2 * 4 * 6)
+
+
+def test_complex_score_by_hand() -> None:
+    """h = (1+2i, 3-i), r = (2, i), t = (1+i, 2): Re(sum h r conj(t)) = Re(6+2i) + Re(2+6i) = 8."""
+    model = _model("complex", dim=4).float()
+    h = torch.tensor([[1.0, 3.0, 2.0, -1.0]])  # [real parts, imaginary parts]
+    r = torch.tensor([[2.0, 0.0, 0.0, 1.0]])
+    t = torch.tensor([[1.0, 2.0, 1.0, 0.0]])
+    assert model.score(h, r, t).item() == pytest.approx(8.0)
+    assert model.score(t, r, h).item() != pytest.approx(8.0)  # not symmetric, unlike DistMult
+
+
+def test_rotate_score_by_hand() -> None:
+    """h = (1, i) rotated by (pi/2, 0) is (i, i); t = (i, 1+i): moduli 0 and 1, score -1."""
+    model = _model("rotate", dim=4).float()
+    h = torch.tensor([[1.0, 0.0, 0.0, 1.0]])
+    phases = torch.tensor([[math.pi / 2, 0.0]])
+    t = torch.tensor([[0.0, 1.0, 1.0, 1.0]])
+    assert model.score(h, phases, t).item() == pytest.approx(-1.0, abs=1e-6)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_queries_match_the_score_from_both_sides(name: str) -> None:
+    """tail_query(h, r) vs t and head_query(t, r) vs h give the triple's score; so do the
+    all-pairs and blocked forms used for shared negatives and ranking."""
+    model = _model(name)
+    h, r, t = _rows(model, 5)
+    score = model.score(h, r, t)
+    torch.testing.assert_close(model.match_rows(model.head_query(t, r), h), score)
+    pairs = model.match(model.tail_query(h, r), t)
+    torch.testing.assert_close(torch.diagonal(pairs), score)
+    blocked = model.score_all(model.tail_query(h, r), t, block_elements=2)
+    torch.testing.assert_close(blocked, pairs)
+    each = model.match_each(model.tail_query(h, r), t.unsqueeze(0).expand(5, 5, -1))
+    torch.testing.assert_close(each, pairs)
+    side = torch.tensor([True, False, True, False, False])
+    anchor = torch.where(side[:, None], t, h)
+    target = torch.where(side[:, None], h, t)
+    torch.testing.assert_close(model.match_rows(model.query(anchor, r, side), target), score)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_numerical_gradient_of_the_score(name: str) -> None:
+    model = _model(name)
+    h, r, t = (x.requires_grad_() for x in _rows(model, 3))
+    assert torch.autograd.gradcheck(lambda a, b, c: model.score(a, b, c), (h, r, t))
+    q = model.tail_query(h, r)
+    assert torch.autograd.gradcheck(
+        lambda a, b: model.match(a, b), (q.detach().requires_grad_(), t)
+    )
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_sparse_row_gradients_equal_the_dense_gradient(name: str) -> None:
+    """The gather-score-scatter path: a sparse gather's row gradients, scattered, are the
+    dense table gradient (what a parameter server would push back)."""
+    ids = torch.tensor([0, 3, 3, 5])
+    rels = torch.tensor([1, 2])
+    grads = {}
+    for sparse in (False, True):
+        model = _model(name)
+        model.sparse = sparse
+        rows = model.entity_rows(ids)
+        loss = model.score(rows[:2], model.relation_rows(rels), rows[2:]).square().sum()
+        loss.backward()
+        grad = model.entity.weight.grad
+        assert grad is not None and grad.is_sparse == sparse
+        grads[sparse] = grad.to_dense() if sparse else grad
+    torch.testing.assert_close(grads[True], grads[False])
+    assert torch.count_nonzero(grads[True].abs().sum(dim=1)) <= 3  # only rows 0, 3 and 5
+
+
+def test_paper_initialisations() -> None:
+    transe = _model("transe-l1", dim=50)
+    bound = 6 / math.sqrt(50)
+    assert transe.entity.weight.abs().max() <= bound
+    torch.testing.assert_close(
+        transe.relation.weight.norm(dim=1), torch.ones(3, dtype=torch.float64)
+    )
+    torch.testing.assert_close(
+        transe.all_entities().norm(dim=1), torch.ones(7, dtype=torch.float64)
+    )  # scored at unit length
+    rotate = _model("rotate", dim=50)
+    assert rotate.entity.weight.abs().max() <= (6.0 + 2.0) / 25
+    assert rotate.relation.weight.abs().max() <= math.pi and rotate.relation.weight.shape == (3, 25)
