@@ -14,6 +14,7 @@ import hashlib
 import json
 import shutil
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -70,8 +71,18 @@ class CheckpointManager:
         self.directory = directory or ctx.paths.checkpoints
         self.keep_last = keep_last
 
-    def save(self, step: int, state: dict[str, Any], meta: dict[str, Any]) -> Path | None:
-        """Collective: every rank calls it. Returns the checkpoint folder on rank 0."""
+    def save(
+        self,
+        step: int,
+        state: dict[str, Any],
+        meta: dict[str, Any],
+        extra_files: Callable[[Path], dict[str, str]] | None = None,
+    ) -> Path | None:
+        """Collective: every rank calls it. Returns the checkpoint folder on rank 0.
+
+        `extra_files(folder)` (rank 0) may write more files into the folder before it is
+        renamed into place, returning {name: sha256}; they are verified on loading too.
+        """
         rng = gather_bytes(self.ctx, capture_rng())
         if not self.ctx.is_main:
             return None
@@ -85,12 +96,15 @@ class CheckpointManager:
         payload["rng"] = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in rng]
         torch.save(payload, tmp / STATE_FILE)
         fsync_file(tmp / STATE_FILE)
+        checksums = {STATE_FILE: _sha256(tmp / STATE_FILE)}
+        if extra_files is not None:
+            checksums.update(extra_files(tmp))
         info = {
             "format": FORMAT_VERSION,
             "step": step,
             "world_size": self.ctx.world_size,
             "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-            "sha256": {STATE_FILE: _sha256(tmp / STATE_FILE)},
+            "sha256": checksums,
             **meta,
         }
         (tmp / META_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
@@ -114,11 +128,11 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
         meta = json.loads((path / META_FILE).read_text())
     except (OSError, ValueError) as exc:
         raise ShoalError(f"{path}: unreadable checkpoint metadata: {exc}") from None
-    expected = meta.get("sha256", {}).get(STATE_FILE)
-    if expected and _sha256(path / STATE_FILE) != expected:
-        raise ShoalError(
-            f"{path}: checkpoint is corrupt ({STATE_FILE} does not match its checksum); "
-            "resume from an earlier one by passing its folder to --resume"
-        )
+    for name, expected in meta.get("sha256", {}).items():
+        if not (path / name).is_file() or _sha256(path / name) != expected:
+            raise ShoalError(
+                f"{path}: checkpoint is corrupt ({name} is missing or does not match its "
+                "checksum); resume from an earlier one by passing its folder to --resume"
+            )
     state = torch.load(path / STATE_FILE, map_location="cpu", weights_only=True)
     return state, meta

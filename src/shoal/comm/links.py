@@ -32,6 +32,12 @@ _SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
 TAG = 0
 
 
+def describe_failure(exc: BaseException) -> str:
+    """The first line of a transport error, without the backend's source location."""
+    cause = _SOURCE_LOCATION.sub("", str(exc)).strip().splitlines()
+    return cause[0] if cause else type(exc).__name__
+
+
 class PeerTimeout(RuntimeError):
     """A point-to-point operation did not complete: names the peer that did not answer."""
 
@@ -107,8 +113,7 @@ class CommGroup:
         try:
             completed = work.wait(datetime.timedelta(seconds=self.timeout_s))
         except Exception as exc:
-            cause = _SOURCE_LOCATION.sub("", str(exc)).strip().splitlines()
-            raise PeerTimeout(f"{failure}: {cause[0] if cause else type(exc).__name__}") from exc
+            raise PeerTimeout(f"{failure}: {describe_failure(exc)}") from exc
         if completed is False:
             raise PeerTimeout(f"{failure}: timed out")
 

@@ -13,6 +13,7 @@ from pydantic import Field, model_validator
 from shoal.config.aggregation import AggregationConfig, NativeAggregationConfig
 from shoal.config.base import ConfigModel, fill_default_tag
 from shoal.strategies.federated.config import FederatedStrategyConfig
+from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
 from shoal.strategies.population.config import PopulationStrategyConfig
 
 
@@ -57,6 +58,7 @@ StrategyConfig = Annotated[
     LocalStrategyConfig
     | DataParallelStrategyConfig
     | FederatedStrategyConfig
-    | PopulationStrategyConfig,
+    | PopulationStrategyConfig
+    | ParameterServerStrategyConfig,
     Field(discriminator="type"),
 ]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 
@@ -38,6 +38,10 @@ class WorkerContext:
     log: logging.Logger
     resume_from: str | None = None
     heartbeat: Heartbeat | None = None
+    #: the process group of this context's collectives (None: the whole world). A strategy
+    #: whose ranks have different roles (parameter-server workers and servers) runs the
+    #: trainer on a context of its workers only.
+    group: Any = None
 
     @property
     def is_main(self) -> bool:

@@ -7,6 +7,7 @@ from shoal.strategies.base import Strategy
 from shoal.strategies.data_parallel import DataParallelStrategy
 from shoal.strategies.federated.strategy import FederatedStrategy
 from shoal.strategies.local import LocalStrategy
+from shoal.strategies.parameter_server.strategy import ParameterServerStrategy
 from shoal.strategies.population.strategy import PopulationStrategy
 
 STRATEGIES: Registry[type[Strategy]] = Registry("strategy")
@@ -14,6 +15,7 @@ STRATEGIES.add("local", LocalStrategy)
 STRATEGIES.add("data_parallel", DataParallelStrategy)
 STRATEGIES.add("federated", FederatedStrategy)
 STRATEGIES.add("population_based", PopulationStrategy)
+STRATEGIES.add("parameter_server", ParameterServerStrategy)
 
 
 def strategy_class(name: str) -> type[Strategy]:

@@ -35,7 +35,7 @@ from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import restore_rng, seed_everything, worker_seed
 from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan, steps_per_epoch
-from shoal.training.contracts import TrainingStrategy
+from shoal.training.contracts import GradientSync, TrainingStrategy
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.learner import Learner
 from shoal.training.meter import IntervalMeter
@@ -61,7 +61,7 @@ class Trainer:
     def _build(self) -> None:
         ctx, train = self.ctx, self.train
         seed_everything(train.seed)  # identical initial parameters on every rank
-        model = self.task.build_model().to(ctx.device)
+        model = self._build_model()
         sync = self.strategy.attach(model)
         self.steps_per_epoch = steps_per_epoch(
             self.task.train_size, train.batch_size, train.drop_last
@@ -72,15 +72,22 @@ class Trainer:
                 "training samples and drop_last = true: no step would run"
             )
         self.total_steps = self._total_steps()
-        self.learner = Learner(
-            self.task, model, sync, train, self.total_steps, share=(ctx.rank, ctx.world_size)
-        )
+        self.learner = self._make_learner(model, sync)
         self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
         self.best_checkpoints = CheckpointManager(ctx, 1, ctx.paths.best)
         if ctx.resume_from:
             self._restore(Path(ctx.resume_from))
         else:
             seed_everything(worker_seed(train.seed, ctx.rank))
+
+    def _build_model(self) -> torch.nn.Module:
+        return self.task.build_model().to(self.ctx.device)
+
+    def _make_learner(self, model: torch.nn.Module, sync: GradientSync) -> Learner:
+        ctx = self.ctx
+        return Learner(
+            self.task, model, sync, self.train, self.total_steps, share=(ctx.rank, ctx.world_size)
+        )
 
     def _total_steps(self) -> int:
         limits = []
@@ -311,17 +318,22 @@ class Trainer:
             "task": ctx.config.task.type,
         }
         if manager is not None:
-            path = manager.save(p.global_step, state, meta)
+            path = manager.save(p.global_step, state, meta, self._checkpoint_files)
             if path is not None:
                 self.best_checkpoint = path
                 self.metrics.write({"event": "best", "step": p.global_step, "path": str(path)})
             return
-        path = self.checkpoints.save(p.global_step, state, meta)
+        path = self.checkpoints.save(p.global_step, state, meta, self._checkpoint_files)
         self._saved_step = p.global_step
         if path is not None:
             self.last_checkpoint = path
             self.metrics.write({"event": "checkpoint", "step": p.global_step, "path": str(path)})
             ctx.log.info("checkpoint written: %s", path)
+
+    def _checkpoint_files(self, folder: Path) -> dict[str, str]:
+        """Rank 0, while a checkpoint folder is assembled: write files of the strategy's own
+        into it; returns {file name: sha256}. Nothing by default."""
+        return {}
 
     def _restore(self, path: Path) -> None:
         ctx = self.ctx
@@ -346,6 +358,13 @@ class Trainer:
 
     # ---------------------------------------------------------------- results
     def _finish(self, wall_s: float) -> dict[str, Any]:
+        results = self._results(wall_s)
+        if self.ctx.is_main:
+            atomic_write_json(self.ctx.paths.results, results)
+        return results
+
+    def _results(self, wall_s: float) -> dict[str, Any]:
+        """What results.json holds (a subclass adds its own sections)."""
         ctx, p = self.ctx, self.progress
         self._sync_time()
         session_train_s = time.perf_counter() - self._session_start
@@ -382,6 +401,4 @@ class Trainer:
         summary = self.task.summary()
         if summary:
             results["data"] = summary
-        if ctx.is_main:
-            atomic_write_json(ctx.paths.results, results)
         return results

@@ -103,7 +103,8 @@ def rank_triples(
     device: torch.device,
 ) -> torch.Tensor:
     """Filtered ranks of triples[start:stop], tail then head prediction per batch (float64, CPU)."""
-    candidates = model.all_entities()
+    served = model.served  # tables on a parameter server: candidates stream in blocks
+    candidates = model.all_entities() if served is None else None
     ranks = []
     for lo in range(start, stop, batch_size):
         hi = min(lo + batch_size, stop)
@@ -111,11 +112,23 @@ def rank_triples(
         h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
         relation = model.relation_rows(r)
         for side in ("tail", "head"):
+            anchor_ids = h if side == "tail" else t
+            anchor = (
+                candidates[anchor_ids] if candidates is not None else model.entity_rows(anchor_ids)
+            )
             if side == "tail":
-                queries, target = model.tail_query(candidates[h], relation), t
+                queries, target = model.tail_query(anchor, relation), t
             else:
-                queries, target = model.head_query(candidates[t], relation), h
-            scores = model.score_all(queries, candidates, block_elements).float()
+                queries, target = model.head_query(anchor, relation), h
+            if candidates is not None:
+                scores = model.score_all(queries, candidates, block_elements).float()
+            else:
+                assert served is not None
+                blocks = [
+                    model.score_all(queries, model.prepare_entities(block), block_elements)
+                    for block in served.entity_blocks()
+                ]
+                scores = torch.cat(blocks, dim=1).float()
             rows = entities = None
             if answers is not None:
                 rows, entities = (answers.tails if side == "tail" else answers.heads).rows(lo, hi)

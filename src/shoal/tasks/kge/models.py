@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable
-from typing import Any, ClassVar
+from collections.abc import Callable, Iterator
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -54,6 +54,20 @@ def _complex_modulus(x: torch.Tensor) -> torch.Tensor:
     return (re * re + im * im).clamp_min(_TINY).sqrt()
 
 
+class RowSource(Protocol):
+    """Where a model reads its rows when the tables live elsewhere (a parameter server)."""
+
+    num_relations: int
+
+    def rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of table "entity" or "relation" (with gradients where training)."""
+        ...
+
+    def entity_blocks(self) -> Iterator[torch.Tensor]:
+        """Every entity row, raw, in id order, a bounded block at a time (for ranking)."""
+        ...
+
+
 class KGEModel(nn.Module, ABC):
     """Entity and relation tables and a score function defined on their rows."""
 
@@ -67,13 +81,25 @@ class KGEModel(nn.Module, ABC):
         self.entity = nn.Embedding(num_entities, entity_width)
         self.relation = nn.Embedding(num_relations, relation_width)
         self.sparse = False  # set by the task: gathers then give sparse row gradients
+        self.served: RowSource | None = None
+
+    def serve_tables(self, source: RowSource) -> None:
+        """Read rows from `source` from now on and drop the local tables (a parameter-server
+        worker holds only the rows it pulled; the model then has no parameters)."""
+        self.served = source
+        self._modules["entity"] = None
+        self._modules["relation"] = None
 
     # ------------------------------------------------------------ the tables (gather rows)
     def entity_rows(self, ids: torch.Tensor) -> torch.Tensor:
         """The rows of entities `ids` as the score uses them (a gather: row gradients)."""
+        if self.served is not None:
+            return self.prepare_entities(self.served.rows("entity", ids))
         return self.prepare_entities(F.embedding(ids, self.entity.weight, sparse=self.sparse))
 
     def relation_rows(self, ids: torch.Tensor) -> torch.Tensor:
+        if self.served is not None:
+            return self.served.rows("relation", ids)
         return F.embedding(ids, self.relation.weight, sparse=self.sparse)
 
     def prepare_entities(self, rows: torch.Tensor) -> torch.Tensor:

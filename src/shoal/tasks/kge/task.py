@@ -112,6 +112,13 @@ class KGETask(Task):
             "negatives": negatives.entities.to(device),
         }
 
+    def rows_touched(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unique entity and relation ids a training batch reads: what a parameter-server
+        worker pulls for it (heads, tails and negatives; relations)."""
+        triples = batch["triples"]
+        entities = torch.cat([triples[:, 0], triples[:, 2], batch["negatives"].reshape(-1)])
+        return torch.unique(entities), torch.unique(triples[:, 1])
+
     def loss(self, model: nn.Module, batch: Any) -> LossOutput:
         assert isinstance(model, KGEModel)
         positive, negative, magnitudes = score_batch(

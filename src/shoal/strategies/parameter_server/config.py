@@ -1,0 +1,220 @@
+"""`[strategy] type = "parameter_server"`: servers, placement, sharding, consistency, optimizer.
+
+Variants are unions discriminated by `kind` (sharding, server optimizer). Checks
+that span sections (the server optimizer replaces `train.optimizer`'s schedule;
+the barrier timeout must fit inside the collective timeout) are the
+`check_train` / `check_faults` hooks the root config calls.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, Literal
+
+from pydantic import Field, model_validator
+
+from shoal.config.base import ConfigModel, ExistingFile, fill_default_tag
+
+if TYPE_CHECKING:
+    from shoal.config.sections import FaultsConfig
+    from shoal.config.train import TrainConfig
+
+# ---------------------------------------------------------------- sharding
+
+
+class HashShardingConfig(ConfigModel):
+    """Row id -> server by a mixing hash of the id: balanced whatever the id order."""
+
+    kind: Literal["hash"] = "hash"
+
+
+class RangeShardingConfig(ConfigModel):
+    """Contiguous id ranges of (almost) equal size, server 0 first."""
+
+    kind: Literal["range"] = "range"
+
+
+class FileShardingConfig(ConfigModel):
+    """A user partition of the entities: a file of `entity<TAB>server` lines.
+
+    Every training entity must be listed once; relations are hashed.
+    """
+
+    kind: Literal["file"] = "file"
+    path: ExistingFile = Field(description="The partition file (relative to the config file).")
+
+
+ShardingConfig = Annotated[
+    HashShardingConfig | RangeShardingConfig | FileShardingConfig, Field(discriminator="kind")
+]
+
+# ---------------------------------------------------------------- server optimizers
+
+
+class RowSGDConfig(ConfigModel):
+    """Plain SGD on the pushed rows: w -= lr * g."""
+
+    kind: Literal["sgd"] = "sgd"
+    lr: float = Field(0.01, gt=0, description="Learning rate of the server-side update.")
+
+
+class RowAdagradConfig(ConfigModel):
+    """Row-wise Adagrad (PyTorch-BigGraph, DGL-KE): one accumulator per row, the mean of g^2
+    over the row, so the state is a scalar per row instead of a copy of the table."""
+
+    kind: Literal["adagrad"] = "adagrad"
+    lr: float = Field(0.1, gt=0, description="Learning rate of the server-side update.")
+    eps: float = Field(1e-10, gt=0, description="Term added to sqrt(accumulator).")
+
+
+class LazyAdamConfig(ConfigModel):
+    """Adam with lazy (sparse) semantics: a row's moments and step count advance only when
+    the row is pushed, so an untouched row's state does not decay."""
+
+    kind: Literal["lazy_adam"] = "lazy_adam"
+    lr: float = Field(1e-3, gt=0, description="Learning rate of the server-side update.")
+    betas: list[float] = Field(
+        [0.9, 0.999], min_length=2, max_length=2, description="[beta1, beta2], each in [0, 1)."
+    )
+    eps: float = Field(1e-8, gt=0, description="Term added to the denominator.")
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> LazyAdamConfig:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must each lie in [0, 1), got {self.betas}")
+        return self
+
+
+RowOptimizerConfig = Annotated[
+    RowSGDConfig | RowAdagradConfig | LazyAdamConfig, Field(discriminator="kind")
+]
+
+# ---------------------------------------------------------------- the strategy
+
+
+class ParameterServerStrategyConfig(ConfigModel):
+    """Embedding tables sharded over servers; workers pull the rows a batch touches and push
+    their gradients; the servers apply `optimizer`.
+
+    `mode`: `sync` (every push of clock c is applied before any pull of clock c + 1:
+    data-parallel SGD on the same global batch), `async` (pushes applied on arrival,
+    no worker waits for another) or `bounded` (stale synchronous parallel: a worker
+    may be at most `max_staleness` clocks ahead of the slowest).
+    """
+
+    type: Literal["parameter_server"] = "parameter_server"
+    num_workers: int = Field(
+        2,
+        ge=1,
+        description="Worker processes (`--workers` overrides it); each trains on its share "
+        "of every global batch.",
+    )
+    num_servers: int = Field(1, ge=1, description="Servers, i.e. shards of every table.")
+    placement: Literal["dedicated", "colocated"] = Field(
+        "dedicated",
+        description="dedicated: servers are processes of their own (num_workers + "
+        "num_servers ranks); colocated: server s runs as a thread inside worker s "
+        "(num_servers <= num_workers).",
+    )
+    sharding: ShardingConfig = Field(
+        default_factory=HashShardingConfig,
+        description="Which server owns a row: kind = hash (default) | range | file.",
+    )
+    mode: Literal["sync", "async", "bounded"] = Field(
+        "sync", description="Consistency: sync | async | bounded (see max_staleness)."
+    )
+    max_staleness: int = Field(
+        1,
+        ge=0,
+        description="bounded: the most clocks a worker's pull may be ahead of the slowest "
+        "worker's applied pushes (0 behaves as sync).",
+    )
+    barrier_timeout_s: float = Field(
+        60.0,
+        gt=0,
+        description="The longest a server holds a pull for slower workers before it "
+        "fails the job naming them.",
+    )
+    optimizer: RowOptimizerConfig = Field(
+        default_factory=RowSGDConfig,
+        description="The server-side optimizer for rows: kind = sgd | adagrad | lazy_adam.",
+    )
+    prefetch: bool = Field(
+        True, description="Pull the next batch's rows while the current batch computes."
+    )
+    cache_rows: int = Field(
+        0,
+        ge=0,
+        description="Worker-side cache of hot rows (0: off). A cached row is reused only "
+        "while it is at most max_staleness clocks old (bounded/async); sync never caches.",
+    )
+    max_message_rows: int = Field(
+        65536,
+        ge=1,
+        description="The most rows one message carries; larger pulls and pushes are split, "
+        "and a server rejects a header announcing more.",
+    )
+    worker_memory_budget_mb: float | None = Field(
+        None,
+        gt=0,
+        description="If set, a worker checks that the rows it may hold at once (a batch, "
+        "its prefetch and its gradients, the cache) fit in this many MiB, and fails "
+        "before training otherwise.",
+    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_kinds(cls, data: Any) -> Any:
+        data = fill_default_tag(data, "sharding", "kind", "hash")
+        return fill_default_tag(data, "optimizer", "kind", "sgd")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> ParameterServerStrategyConfig:
+        if self.placement == "colocated" and self.num_servers > self.num_workers:
+            raise ValueError(
+                f'placement = "colocated" runs a server inside each of the first num_servers '
+                f"workers: num_servers ({self.num_servers}) must be <= num_workers "
+                f'({self.num_workers}); lower it or use placement = "dedicated"'
+            )
+        if self.cache_rows and self.mode == "sync":
+            raise ValueError(
+                'cache_rows: mode = "sync" reads every row fresh each clock, so a cache '
+                'would never be used; set cache_rows = 0 or mode = "bounded"'
+            )
+        return self
+
+    @property
+    def world_size(self) -> int:
+        return self.num_workers + (self.num_servers if self.placement == "dedicated" else 0)
+
+    @property
+    def staleness_bound(self) -> int | None:
+        """The most clocks a pull may run ahead of the slowest worker (None: unbounded)."""
+        return {"sync": 0, "bounded": self.max_staleness, "async": None}[self.mode]
+
+    def check_train(self, train: TrainConfig) -> None:
+        if train.micro_batches != 1:
+            raise ValueError(
+                "strategy parameter_server pushes once per batch: set train.micro_batches = 1"
+            )
+        if train.grad_clip_norm is not None:
+            raise ValueError(
+                "strategy parameter_server: servers apply each push as it comes, so there is "
+                "no global gradient to clip; unset train.grad_clip_norm"
+            )
+        if train.warmup_steps or train.lr_decay != "constant":
+            raise ValueError(
+                "strategy parameter_server: the server optimizer's learning rate is constant; "
+                'set train.warmup_steps = 0 and train.lr_decay = "constant"'
+            )
+        if train.mixed_precision != "off":
+            raise ValueError(
+                'strategy parameter_server trains in float32: set train.mixed_precision = "off"'
+            )
+
+    def check_faults(self, faults: FaultsConfig) -> None:
+        if self.barrier_timeout_s >= faults.timeout_s:
+            raise ValueError(
+                f"strategy.barrier_timeout_s ({self.barrier_timeout_s:g}) must be shorter than "
+                f"faults.timeout_s ({faults.timeout_s:g}), so a held pull fails with the name "
+                "of the worker it waited for before a bare transport timeout does"
+            )

@@ -1,0 +1,224 @@
+"""A worker's step under the parameter server: pull the batch's rows, compute, push.
+
+The model reads rows through :class:`ServedRows` (its tables are gone, see
+`KGEModel.serve_tables`): during a training step, the leaf tensors of the rows
+pulled for the batch, so backward leaves each unique row's gradient, duplicates
+already summed, in the leaf's `.grad`, which is what is pushed. Outside a step
+(evaluation) a read is a fresh pull at the current clock.
+
+Overlap: right after the current rows arrive and before the current batch is
+computed, the next batch's rows are requested (when it lies in the same epoch),
+so they travel while this one computes. Under `sync` the server holds that pull
+until this step's pushes from every worker are applied, so what the worker reads
+is exactly what data-parallel SGD would read.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch import nn
+
+from shoal.config.train import TrainConfig
+from shoal.errors import TrainingHalted
+from shoal.strategies.parameter_server.client import PendingPull, RowClient
+from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
+from shoal.tasks.base import LossOutput
+from shoal.tasks.kge.task import KGETask
+from shoal.training.batching import EpochPlan, local_share, steps_per_epoch
+from shoal.training.contracts import GradientSync
+from shoal.training.meter import StepStats
+
+
+class ServedRows:
+    """The model's row source on a worker (implements `RowSource`)."""
+
+    def __init__(self, client: RowClient, num_entities: int, num_relations: int) -> None:
+        self.client = client
+        self.num_entities = num_entities
+        self.num_relations = num_relations
+        self.clock = 0  # fresh reads wait for every push before this clock
+        self.batch: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
+
+    def rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        if self.batch is None:  # evaluation: a fresh pull
+            unique, inverse = torch.unique(ids, return_inverse=True)
+            empty = torch.zeros(0, dtype=torch.int64)
+            if table == "entity":
+                rows, _ = self.client.pull(unique, empty, self.clock, fresh=True).wait()
+            else:
+                _, rows = self.client.pull(empty, unique, self.clock, fresh=True).wait()
+            return rows[inverse]
+        pulled_ids, leaf = self.batch[table]
+        at = torch.searchsorted(pulled_ids, ids)
+        if len(ids) and (at.max() >= len(pulled_ids) or not torch.equal(pulled_ids[at], ids)):
+            raise RuntimeError(f"the model read {table} rows the batch did not pull")
+        return leaf[at]
+
+    def entity_blocks(self) -> Iterator[torch.Tensor]:
+        block = max(1, self.client.max_rows)
+        empty = torch.zeros(0, dtype=torch.int64)
+        for start in range(0, self.num_entities, block):
+            ids = torch.arange(start, min(start + block, self.num_entities))
+            rows, _ = self.client.pull(ids, empty, self.clock, fresh=True).wait()
+            yield rows
+
+
+class ServerSync(GradientSync):
+    """What the trainer asks of a gradient sync, answered from the client's counters."""
+
+    def __init__(self, client: RowClient, reduce: Any, num_workers: int) -> None:
+        self.client = client
+        self.num_workers = num_workers
+        self.reduce = reduce  # collective over workers: (list of numbers) -> sums
+        self._last: list[float] = [0.0] * len(client.stats.as_list())
+        self._last_time = time.perf_counter()
+        self._sent = 0
+
+    def zero_grad(self) -> None:
+        return None
+
+    def finish(self) -> float:
+        return 0.0
+
+    def take_sent_bytes(self) -> int:
+        total = sum(link.sent_bytes for link in self.client.links)
+        sent, self._sent = total - self._sent, total
+        return sent
+
+    def interval_metrics(self) -> dict[str, float]:
+        """Collective over workers: pulls, pushes, rows and bytes per second, barrier wait."""
+        now = time.perf_counter()
+        current = self.client.stats.as_list()
+        delta = [c - p for c, p in zip(current, self._last, strict=True)]
+        self._last = current
+        total = self.reduce(delta)
+        elapsed = max(now - self._last_time, 1e-9)
+        self._last_time = now
+        pulls, pushes, rows_pulled, rows_pushed, bytes_in, wait_s = total
+        workers = max(self.num_workers, 1)
+        return {
+            "ps_pulls": pulls,
+            "ps_pushes": pushes,
+            "ps_rows_per_s": (rows_pulled + rows_pushed) / elapsed,
+            "ps_pulled_bytes_per_s": bytes_in / elapsed,
+            "ps_wait_s": wait_s / workers,
+        }
+
+
+class ServerLearner:
+    """The trainer's learner for a worker whose parameters live on the servers."""
+
+    def __init__(
+        self,
+        task: KGETask,
+        model: nn.Module,
+        sync: ServerSync,
+        served: ServedRows,
+        train: TrainConfig,
+        config: ParameterServerStrategyConfig,
+        share: tuple[int, int],
+    ) -> None:
+        self.task = task
+        self.model = model
+        self.sync = sync
+        self.served = served
+        self.client = served.client
+        self.train = train
+        self.config = config
+        self.share = share
+        self.steps_per_epoch = steps_per_epoch(task.train_size, train.batch_size, train.drop_last)
+        self._next: tuple[int, dict[str, Any], PendingPull] | None = None
+        self.total_steps: int | None = None
+
+    @property
+    def lr(self) -> float:
+        return self.config.optimizer.lr
+
+    def _global_batch(self, step: int) -> torch.Tensor:
+        epoch, index = divmod(step, self.steps_per_epoch)
+        train = self.train
+        plan = EpochPlan(
+            self.task.train_size,
+            train.batch_size,
+            epoch,
+            train.seed,
+            train.shuffle,
+            train.drop_last,
+        )
+        return plan.global_batch(index)
+
+    def _request(self, step: int, global_batch: torch.Tensor) -> tuple[dict[str, Any], PendingPull]:
+        batch = self.task.train_batch(local_share(global_batch, *self.share))
+        entity_ids, relation_ids = self.task.rows_touched(batch)
+        return batch, self.client.pull(entity_ids, relation_ids, step)
+
+    def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats:
+        started = time.perf_counter()
+        assert global_step is not None, "the parameter server needs the clock"
+        if self._next is not None and self._next[0] == global_step:
+            _, batch, pending = self._next
+        else:
+            batch, pending = self._request(global_step, global_batch)
+        self._next = None
+        entity_ids, relation_ids = pending.entity_ids, pending.relation_ids
+        entity, relation = pending.wait()
+        waited = time.perf_counter() - started
+        following = global_step + 1
+        if (
+            self.config.prefetch
+            and following // self.steps_per_epoch == global_step // self.steps_per_epoch
+            and (self.total_steps is None or following < self.total_steps)
+        ):
+            self._next = (following, *self._request(following, self._global_batch(following)))
+        entity.requires_grad_(True)
+        relation.requires_grad_(True)
+        self.served.batch = {"entity": (entity_ids, entity), "relation": (relation_ids, relation)}
+        samples = len(batch["triples"])
+        loss_sum = torch.zeros(())
+        sums: dict[str, torch.Tensor] = {}
+        try:
+            if samples:
+                out: LossOutput = self.task.loss(self.model, batch)
+                (out.loss_sum * (1.0 / len(global_batch))).backward()
+                loss_sum, sums = out.loss_sum.detach(), {k: v.detach() for k, v in out.sums.items()}
+        finally:
+            self.served.batch = None
+        entity_grad = entity.grad if entity.grad is not None else torch.zeros_like(entity)
+        relation_grad = relation.grad if relation.grad is not None else torch.zeros_like(relation)
+        self.client.note_held(entity, relation, entity_grad, relation_grad)
+        skipped = False
+        if not (torch.isfinite(entity_grad).all() and torch.isfinite(relation_grad).all()):
+            if self.train.on_nonfinite == "halt":
+                raise TrainingHalted(
+                    f"training halted at step {global_step}: non-finite row gradients (NaN/Inf) "
+                    f"on worker {self.client.worker}; nothing of this step was pushed, so the "
+                    "newest checkpoint is the last good state. Resume from it with a lower "
+                    'strategy.optimizer.lr, or set train.on_nonfinite = "skip_step"'
+                )
+            skipped = True  # push nothing but the clock
+            entity_ids, relation_ids = entity_ids[:0], relation_ids[:0]
+            entity_grad, relation_grad = entity_grad[:0], relation_grad[:0]
+        self.client.push(entity_ids, entity_grad, relation_ids, relation_grad, global_step)
+        self.served.clock = global_step + 1
+        wall = time.perf_counter() - started
+        return StepStats(
+            loss_sum,
+            samples,
+            sums,
+            wall - waited,
+            waited,
+            wall,
+            sent_bytes=self.sync.take_sent_bytes(),
+            skipped=skipped,
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        """The tables are in the servers' shard files; the worker has nothing of its own."""
+        return {"model": {}}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        return None

@@ -1,0 +1,339 @@
+"""A shard server's state and rules: its rows, the workers' clocks, the requests it holds.
+
+Transport-free (messages in, replies out), so the consistency rules are tested
+without processes. Clocks: worker w's k-th push (k = 0, 1, ...) carries clock k,
+and a pull for step c carries clock c. `applied` is how many clocks of pushes
+are in the table for every worker still training (its minimum: the slowest).
+
+- sync: a clock's pushes are summed and applied together once every worker's
+  arrived, and a pull for clock c waits for `applied >= c`: data-parallel SGD on
+  the global batch, and exact for every row optimizer.
+- bounded (stale synchronous parallel, Ho et al., 2013): pushes applied on
+  arrival; a pull for clock c waits until c - applied <= max_staleness.
+- async: pushes applied on arrival, pulls answered on arrival.
+
+A worker's answered requests are served in the order it sent them (its replies
+then arrive in the order it waits for them); pushes never wait. A request held
+longer than the barrier timeout is answered with an error naming the workers it
+waited for. `fresh` requests (evaluation pulls, checkpoints, snapshots) wait for
+every push up to their clock in every mode, so they see a consistent table.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import io
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from shoal.checkpoint.atomic import atomic_write_bytes
+from shoal.strategies.parameter_server.row_optimizers import RowOptimizer
+from shoal.strategies.parameter_server.wire import ANSWERED, Header, Message, Op, WireError
+
+TABLES = ("entity", "relation")
+
+
+@dataclass
+class TableShard:
+    """The rows of one table that this server owns, in ascending id order, with their state."""
+
+    ids: torch.Tensor
+    index: np.ndarray  # global id -> position here, -1 where another server owns the row
+    rows: torch.Tensor
+    state: dict[str, torch.Tensor]
+
+    def positions(self, ids: torch.Tensor, table: str) -> torch.Tensor:
+        """Positions of global `ids`; WireError for an id out of range or owned elsewhere."""
+        raw = ids.numpy()
+        if len(raw) and (raw.min() < 0 or raw.max() >= len(self.index)):
+            raise WireError(f"{table} id out of range [0, {len(self.index)})")
+        local = self.index[raw]
+        if len(local) and local.min() < 0:
+            bad = int(raw[int(np.argmin(local))])
+            raise WireError(f"{table} row {bad} is not owned by this server")
+        return torch.from_numpy(local)
+
+    @property
+    def width(self) -> int:
+        return int(self.rows.shape[1])
+
+
+@dataclass
+class Reply:
+    worker: int
+    header: Header
+    values: torch.Tensor | None = None
+    blob: bytes = b""
+
+
+@dataclass
+class ServerStats:
+    """Cumulative counts; workers turn two readings into rates."""
+
+    pulls: int = 0
+    pushes: int = 0
+    rows_pulled: int = 0
+    rows_pushed: int = 0
+    bytes_in: int = 0
+    bytes_out: int = 0
+    apply_s: float = 0.0
+    held_s: float = 0.0
+    rejected: int = 0
+    staleness: collections.Counter[int] = field(default_factory=collections.Counter)
+
+    def as_json(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.__dict__.items() if k != "staleness"}
+        out["staleness"] = {str(k): v for k, v in sorted(self.staleness.items())}
+        return out
+
+
+@dataclass
+class _Held:
+    message: Message
+    since: float
+
+
+class ShardServer:
+    """Server `index` of `num_servers`: applies pushes, answers pulls under the mode's rule."""
+
+    def __init__(
+        self,
+        index: int,
+        num_servers: int,
+        num_workers: int,
+        tables: dict[str, TableShard],
+        optimizer: RowOptimizer,
+        mode: str,
+        bound: int | None,
+        barrier_timeout_s: float,
+    ) -> None:
+        self.index = index
+        self.num_servers = num_servers
+        self.num_workers = num_workers
+        self.tables = tables
+        self.optimizer = optimizer
+        self.mode = mode
+        self.bound = bound
+        self.barrier_timeout_s = barrier_timeout_s
+        self.received = [0] * num_workers  # pushes received from each worker
+        self.finished = [False] * num_workers
+        self.sync_clock = 0  # sync: clocks fully applied
+        self._sync_pending: dict[int, list[Message]] = collections.defaultdict(list)
+        self._sync_count: collections.Counter[int] = collections.Counter()
+        self._partial: dict[int, list[Message]] = collections.defaultdict(list)
+        self._queues: list[collections.deque[_Held]] = [
+            collections.deque() for _ in range(num_workers)
+        ]
+        self._snapshot: dict[str, tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None
+        self.stats = ServerStats()
+
+    # ------------------------------------------------------------ clocks
+    def applied(self) -> float:
+        """Clocks of pushes in the table for the slowest worker still training (inf: none)."""
+        if self.mode == "sync":
+            return math.inf if all(self.finished) else self.sync_clock
+        active = [c for c, done in zip(self.received, self.finished, strict=True) if not done]
+        return min(active) if active else math.inf
+
+    def slowest(self) -> list[int]:
+        """The workers the held requests wait for."""
+        counts = [
+            (c, w) for w, (c, done) in enumerate(zip(self.received, self.finished, strict=True))
+        ]
+        active = [(c, w) for c, w in counts if not self.finished[w]]
+        low = min(c for c, _ in active) if active else 0
+        return [w for c, w in active if c == low]
+
+    def _ready(self, header: Header) -> bool:
+        applied = self.applied()
+        if header.fresh or self.bound == 0:
+            return applied >= header.clock
+        return self.bound is None or header.clock - applied <= self.bound
+
+    def resume_at(self, clock: int) -> None:
+        """Every worker has pushed `clock` clocks (a run resumed from a checkpoint of then)."""
+        self.received = [clock] * self.num_workers
+        self.sync_clock = clock
+
+    # ------------------------------------------------------------ messages
+    def receive(self, message: Message, now: float) -> list[Reply]:
+        """Take one request; return the replies it releases (to it or to held requests)."""
+        header = message.header
+        worker = header.sender
+        if not 0 <= worker < self.num_workers:
+            raise WireError(f"sender {worker} is not a worker index (0..{self.num_workers - 1})")
+        if header.op == Op.PUSH:
+            self._push(message)
+        elif header.op == Op.BYE:
+            self.finished[worker] = True
+        elif header.op in ANSWERED:
+            if header.op == Op.PULL:  # check now: a bad id is answered at once, not held
+                for name, ids in self._split(message).items():
+                    self.tables[name].positions(ids, name)
+            self._queues[worker].append(_Held(message, now))
+        else:
+            raise WireError(f"op {header.op.name} is not a request")
+        return self._release(now)
+
+    def expire(self, now: float) -> list[Reply]:
+        """Fail the requests held longer than the barrier timeout, naming who they waited for."""
+        replies = []
+        for worker, queue in enumerate(self._queues):
+            if queue and now - queue[0].since > self.barrier_timeout_s:
+                held = queue.popleft()
+                waiting_for = ", ".join(
+                    f"worker {w} (at clock {self.received[w]})" for w in self.slowest()
+                )
+                text = (
+                    f"server {self.index}: worker {worker}'s {held.message.header.op.name.lower()}"
+                    f" for clock {held.message.header.clock} waited "
+                    f"{now - held.since:.1f} s (strategy.barrier_timeout_s = "
+                    f"{self.barrier_timeout_s:g}) for {waiting_for}, which stopped pushing"
+                )
+                replies.append(error_reply(self.index, worker, held.message.header, text))
+        return replies
+
+    def next_deadline(self) -> float | None:
+        heads = [q[0].since for q in self._queues if q]
+        return min(heads) + self.barrier_timeout_s if heads else None
+
+    def _release(self, now: float) -> list[Reply]:
+        replies = []
+        for queue in self._queues:
+            while queue and self._ready(queue[0].message.header):
+                held = queue.popleft()
+                self.stats.held_s += now - held.since
+                replies.append(self._answer(held.message))
+        return replies
+
+    # ------------------------------------------------------------ operations
+    def _split(self, message: Message) -> dict[str, torch.Tensor]:
+        n = message.header.entity_rows
+        return {"entity": message.ids[:n], "relation": message.ids[n:]}
+
+    def _push(self, message: Message) -> None:
+        """A push may come in chunks; `seq` counts the chunks still to come (0: complete)."""
+        header, worker = message.header, message.header.sender
+        if header.clock != self.received[worker]:
+            raise WireError(
+                f"push for clock {header.clock} from worker {worker}, which has pushed "
+                f"{self.received[worker]} clocks (pushes must come in clock order)"
+            )
+        for name, ids in self._split(message).items():  # validate before any state changes
+            self.tables[name].positions(ids, name)
+        self.stats.rows_pushed += header.rows
+        self.stats.bytes_in += message.values.numel() * 4 + message.ids.numel() * 8
+        self._partial[worker].append(message)
+        if header.seq > 0:
+            return
+        parts = self._partial.pop(worker)
+        self.received[worker] += 1
+        self.stats.pushes += 1
+        if self.mode != "sync":
+            self._apply(parts)
+            return
+        self._sync_pending[header.clock].extend(parts)
+        self._sync_count[header.clock] += 1
+        if self._sync_count[header.clock] == self.num_workers:
+            del self._sync_count[header.clock]
+            self._apply(self._sync_pending.pop(header.clock))
+            self.sync_clock += 1
+
+    def _apply(self, messages: list[Message]) -> None:
+        """Sum the pushes per row (a row may come from several workers) and update once."""
+        started = time.perf_counter()
+        for name in TABLES:
+            shard = self.tables[name]
+            ids, grads = [], []
+            for message in messages:
+                n = message.header.entity_rows
+                width = shard.width
+                if name == "entity":
+                    part_ids = message.ids[:n]
+                    part = message.values[: n * width]
+                else:
+                    part_ids = message.ids[n:]
+                    part = message.values[n * self.tables["entity"].width :]
+                ids.append(part_ids)
+                grads.append(part.view(-1, width))
+            all_ids = torch.cat(ids)
+            if not len(all_ids):
+                continue
+            unique, inverse = torch.unique(all_ids, return_inverse=True)
+            summed = torch.zeros(len(unique), shard.width)
+            summed.index_add_(0, inverse, torch.cat(grads))
+            self.optimizer.apply(shard.rows, shard.state, shard.positions(unique, name), summed)
+        self.stats.apply_s += time.perf_counter() - started
+
+    def _answer(self, message: Message) -> Reply:
+        header = message.header
+        reply = Header(Op.REPLY, self.index, header.clock, seq=header.seq)
+        if header.op == Op.PULL:
+            parts = []
+            for name, ids in self._split(message).items():
+                shard = self.tables[name]
+                parts.append(shard.rows[shard.positions(ids, name)].reshape(-1))
+            values = torch.cat(parts)
+            reply.entity_rows, reply.relation_rows = header.entity_rows, header.relation_rows
+            self.stats.pulls += 1
+            self.stats.rows_pulled += header.rows
+            self.stats.bytes_out += values.numel() * 4
+            if not header.fresh:
+                self.stats.staleness[max(0, int(header.clock - min(self.applied(), 1 << 62)))] += 1
+            return Reply(header.sender, reply, values)
+        if header.op == Op.SAVE:
+            return Reply(header.sender, reply, blob=self._save(message.blob.decode(), header.clock))
+        if header.op == Op.SNAPSHOT:
+            self._snapshot = {
+                name: (t.rows.clone(), {k: v.clone() for k, v in t.state.items()})
+                for name, t in self.tables.items()
+            }
+        elif header.op == Op.RESTORE and self._snapshot is not None:
+            for name, (rows, state) in self._snapshot.items():
+                self.tables[name].rows.copy_(rows)
+                for key, value in state.items():
+                    self.tables[name].state[key].copy_(value)
+        elif header.op == Op.STATS:
+            return Reply(header.sender, reply, blob=json.dumps(self.stats.as_json()).encode())
+        return Reply(header.sender, reply)
+
+    # ------------------------------------------------------------ checkpoints
+    def shard_state(self, clock: int) -> dict[str, torch.Tensor]:
+        state: dict[str, torch.Tensor] = {}
+        for name, shard in self.tables.items():
+            state[f"{name}.ids"] = shard.ids
+            state[f"{name}.rows"] = shard.rows
+            for key, value in shard.state.items():
+                state[f"{name}.state.{key}"] = value
+        state["num_servers"] = torch.tensor(self.num_servers)
+        state["clock"] = torch.tensor(clock)
+        state["optimizer"] = torch.frombuffer(
+            bytearray(self.optimizer.config.kind.encode()), dtype=torch.uint8
+        )
+        return state
+
+    def _save(self, folder: str, clock: int) -> bytes:
+        """Write this shard into `folder` atomically; answer its file name and checksum."""
+        buffer = io.BytesIO()
+        torch.save(self.shard_state(clock), buffer)
+        data = buffer.getvalue()
+        name = shard_file_name(self.index, self.num_servers)
+        atomic_write_bytes(Path(folder) / name, data)
+        return json.dumps({"file": name, "sha256": hashlib.sha256(data).hexdigest()}).encode()
+
+
+def shard_file_name(index: int, num_servers: int) -> str:
+    return f"ps-shard-{index:03d}-of-{num_servers:03d}.pt"
+
+
+def error_reply(server: int, worker: int, request: Header, text: str) -> Reply:
+    header = Header(Op.ERROR, server, request.clock, seq=request.seq, blob_len=len(text.encode()))
+    return Reply(worker, header, blob=text.encode())

@@ -1,0 +1,314 @@
+"""`parameter_server`: the roles of the ranks, and how each runs.
+
+Placement `dedicated`: ranks 0..W-1 are workers, ranks W..W+S-1 servers.
+Placement `colocated`: every rank is a worker, and worker s < S also runs
+server s on a thread of its own. Two process groups are made collectively by
+every rank at the start: one for the servers' point-to-point traffic (its own,
+so row messages never interleave with collectives) and one of the workers,
+on which the trainer's collectives (metrics, evaluation, checkpoints) run.
+
+Relations are served like entities rather than replicated and all-reduced: an
+all-reduce would make every worker wait for every other each step, which is
+exactly what `async` and `bounded` exist to avoid, while a batch touches few
+relation rows (a relation table is small), so pulling them costs little.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import threading
+from typing import Any, ClassVar
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from shoal.config.root import ShoalConfig
+from shoal.errors import ConfigError, ShoalError
+from shoal.runtime.collectives import all_reduce_sum
+from shoal.runtime.rng import seed_everything
+from shoal.strategies.base import Strategy
+from shoal.strategies.parameter_server.client import RowClient
+from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
+from shoal.strategies.parameter_server.learner import ServedRows, ServerLearner, ServerSync
+from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
+from shoal.strategies.parameter_server.server import ShardServer
+from shoal.strategies.parameter_server.sharding import table_owners
+from shoal.strategies.parameter_server.shards import build_shard, load_shards
+from shoal.strategies.parameter_server.transport import (
+    Link,
+    LocalChannel,
+    LocalLink,
+    RemoteLink,
+    ServerEndpoint,
+)
+from shoal.tasks.base import Task
+from shoal.tasks.kge.models import KGEModel
+from shoal.tasks.kge.task import KGETask
+from shoal.training.contracts import GradientSync
+from shoal.training.faults import maybe_inject_fault
+
+MIB = 1 << 20
+
+
+class ParameterServerStrategy(Strategy):
+    """Workers pull the rows each batch touches and push their gradients to sharded servers."""
+
+    workers_field: ClassVar[str | None] = "num_workers"
+    client: RowClient
+
+    @classmethod
+    def world_size(cls, config: ShoalConfig) -> int:
+        assert isinstance(config.strategy, ParameterServerStrategyConfig)
+        return config.strategy.world_size
+
+    @classmethod
+    def check(cls, config: ShoalConfig) -> None:
+        if config.task.type != "kge":
+            raise ConfigError(
+                f"strategy parameter_server serves embedding tables: it trains task type "
+                f"'kge', not {config.task.type!r}; use data_parallel for dense models"
+            )
+
+    @property
+    def config(self) -> ParameterServerStrategyConfig:
+        config = self.ctx.config.strategy
+        assert isinstance(config, ParameterServerStrategyConfig)
+        return config
+
+    # ------------------------------------------------------------ roles
+    def _server_rank(self, server: int) -> int:
+        config = self.config
+        return config.num_workers + server if config.placement == "dedicated" else server
+
+    def _my_server(self) -> int | None:
+        """The server this rank runs (None: none)."""
+        config, rank = self.config, self.ctx.rank
+        if config.placement == "dedicated":
+            return rank - config.num_workers if rank >= config.num_workers else None
+        return rank if rank < config.num_servers else None
+
+    def run(self, task: Task) -> dict[str, Any]:
+        if not isinstance(task, KGETask):
+            raise ShoalError("strategy parameter_server trains task type 'kge'")
+        ctx, config = self.ctx, self.config
+        if ctx.world_size != config.world_size:
+            raise ShoalError(
+                f"strategy parameter_server needs {config.world_size} processes "
+                f"({config.num_workers} workers + servers), this job has {ctx.world_size}"
+            )
+        timeout = datetime.timedelta(seconds=ctx.config.faults.timeout_s)
+        self.group = dist.new_group(backend="gloo", timeout=timeout)  # collective: all ranks
+        worker_ranks = list(range(config.num_workers))
+        workers_group = dist.new_group(ranks=worker_ranks, timeout=timeout)
+        self.task = task
+        self.owners = {
+            "entity": table_owners(
+                config.sharding, config.num_servers, task.data.entities.labels, False
+            ),
+            "relation": table_owners(
+                config.sharding, config.num_servers, task.data.relations.labels, True
+            ),
+        }
+        server = self._my_server()
+        if ctx.rank >= config.num_workers:  # a dedicated server
+            assert server is not None
+            self._endpoint(server, None).serve()
+            return {"status": "completed", "role": f"server {server}"}
+        channel = LocalChannel(ctx.rank) if server is not None else None
+        thread = None
+        if server is not None:
+            endpoint = self._endpoint(server, channel)
+            failure: list[BaseException] = []
+
+            def serve() -> None:
+                try:
+                    endpoint.serve()
+                except BaseException as exc:  # reported by the worker thread below
+                    failure.append(exc)
+                    ctx.log.error("server %d failed: %s", server, exc)
+
+            thread = threading.Thread(target=serve, name=f"ps-server-{server}", daemon=True)
+            thread.start()
+        self._start_worker(channel)
+        worker_ctx = dataclasses.replace(ctx, world_size=config.num_workers, group=workers_group)
+        task.ctx = worker_ctx
+        from shoal.strategies.parameter_server.trainer import ServerTrainer
+
+        results = ServerTrainer(worker_ctx, task, self).fit()
+        self.client.bye()
+        if thread is not None:
+            thread.join(timeout=ctx.config.faults.timeout_s)
+            if failure:
+                raise failure[0]
+        return results
+
+    # ------------------------------------------------------------ the server side
+    def _endpoint(self, server: int, channel: LocalChannel | None) -> ServerEndpoint:
+        ctx, config, task = self.ctx, self.config, self.task
+        optimizer = build_row_optimizer(config.optimizer)
+        seed_everything(ctx.config.train.seed)  # the initial tables of every other strategy
+        full = task.build_model()
+        assert isinstance(full, KGEModel)
+        tables = {
+            "entity": build_shard(self.owners["entity"], server, full.entity.weight, optimizer),
+            "relation": build_shard(
+                self.owners["relation"], server, full.relation.weight, optimizer
+            ),
+        }
+        widths = (tables["entity"].width, tables["relation"].width)
+        del full
+        shard = ShardServer(
+            server,
+            config.num_servers,
+            config.num_workers,
+            tables,
+            optimizer,
+            config.mode,
+            config.staleness_bound,
+            config.barrier_timeout_s,
+        )
+        if ctx.resume_from:
+            from pathlib import Path
+
+            shard.resume_at(
+                load_shards(Path(ctx.resume_from), server, config.num_servers, tables, ctx.log)
+            )
+        ctx.log.info("%s", describe_server(shard, config, self._server_rank(server)))
+        last = [-1]
+
+        def tick(s: ShardServer) -> None:
+            applied = s.applied()
+            clock = int(applied) if applied != float("inf") else last[0]
+            if clock != last[0]:
+                last[0] = clock
+                if ctx.heartbeat is not None and channel is None:
+                    ctx.heartbeat.beat(clock)
+                maybe_inject_fault(ctx, clock)
+
+        return ServerEndpoint(
+            shard,
+            self.group,
+            widths,
+            config.max_message_rows,
+            ctx.config.faults.timeout_s,
+            ctx.log,
+            channel,
+            tick if channel is None else None,
+        )
+
+    # ------------------------------------------------------------ the worker side
+    def _start_worker(self, channel: LocalChannel | None) -> None:
+        config, task = self.config, self.task
+        links: list[Link] = []
+        for server in range(config.num_servers):
+            rank = self._server_rank(server)
+            if channel is not None and rank == self.ctx.rank:
+                links.append(LocalLink(server, rank, channel))
+            else:
+                links.append(RemoteLink(server, rank, self.group))
+        widths = _widths(task)
+        self.client = RowClient(
+            self.ctx.rank,
+            links,
+            self.owners,
+            widths,
+            config.max_message_rows,
+            self.ctx.config.faults.timeout_s,
+        )
+        self._check_budget(widths)
+
+    def _check_budget(self, widths: tuple[int, int]) -> None:
+        """The most rows a worker holds at once: a batch's and the prefetched batch's rows,
+        with their gradients; owner arrays besides. Fails before training if over budget."""
+        config, task = self.config, self.task
+        train = self.ctx.config.train
+        negatives = task.config.negatives
+        share = -(-train.batch_size // config.num_workers)
+        chunks = -(-share // negatives.chunk_size)
+        entity_rows = min(task.num_entities, 2 * share + chunks * negatives.num_negatives)
+        relation_rows = min(task.num_relations, share)
+        batch_bytes = 4 * (entity_rows * widths[0] + relation_rows * widths[1])
+        copies = 2 + (1 if config.prefetch else 0)  # rows, their gradients, the next batch's rows
+        owners_bytes = sum(o.nbytes for o in self.owners.values())
+        self.bound_bytes = copies * batch_bytes + owners_bytes
+        table_bytes = 4 * (task.num_entities * widths[0] + task.num_relations * widths[1])
+        self.ctx.log.info(
+            "parameter server worker %d: holds at most %.2f MiB of rows (the tables: %.2f MiB)",
+            self.ctx.rank,
+            self.bound_bytes / MIB,
+            table_bytes / MIB,
+        )
+        budget = config.worker_memory_budget_mb
+        if budget is not None and self.bound_bytes > budget * MIB:
+            raise ShoalError(
+                f"strategy.worker_memory_budget_mb = {budget:g}: a worker would hold up to "
+                f"{self.bound_bytes / MIB:.2f} MiB of rows (batch share {share}, "
+                f"{negatives.num_negatives} negatives per chunk); lower train.batch_size, raise "
+                "num_workers or the budget"
+            )
+
+    def attach(self, model: nn.Module) -> GradientSync:
+        assert isinstance(model, KGEModel)
+        self.served = ServedRows(self.client, self.task.num_entities, self.task.num_relations)
+        model.serve_tables(self.served)
+        worker_ctx = self.task.ctx
+
+        def reduce(values: list[float]) -> list[float]:
+            return all_reduce_sum(worker_ctx, values)
+
+        self.sync = ServerSync(self.client, reduce, self.config.num_workers)
+        return self.sync
+
+    def make_learner(self, task: Task, model: nn.Module, sync: GradientSync) -> ServerLearner:
+        assert isinstance(task, KGETask) and isinstance(sync, ServerSync)
+        return ServerLearner(
+            task,
+            model,
+            sync,
+            self.served,
+            self.ctx.config.train,
+            self.config,
+            (self.ctx.rank, self.config.num_workers),
+        )
+
+    def resume_clock(self, step: int) -> None:
+        self.client.resume_at(step)
+        self.served.clock = step
+
+    def describe(self) -> str:
+        c = self.config
+        bound = f", max_staleness {c.max_staleness}" if c.mode == "bounded" else ""
+        return (
+            f"parameter_server x{c.num_workers} workers, {c.num_servers} servers "
+            f"({c.placement}, {c.sharding.kind} sharding, {c.mode}{bound}, {c.optimizer.kind})"
+        )
+
+    def describe_servers(self) -> str:
+        return self.describe()
+
+
+def _widths(task: KGETask) -> tuple[int, int]:
+    with torch.device("meta"):
+        model = task.build_model()
+    assert isinstance(model, KGEModel)
+    return int(model.entity.weight.shape[1]), int(model.relation.weight.shape[1])
+
+
+def describe_server(server: ShardServer, config: ParameterServerStrategyConfig, rank: int) -> str:
+    """One line: who the server is, what it holds, how it updates (the seeds' describe_server)."""
+    tables = ", ".join(
+        f"{name} {len(t.ids)}/{len(t.index)} rows x {t.width}" for name, t in server.tables.items()
+    )
+    size = sum(
+        t.rows.numel() * 4 + sum(s.numel() * 4 for s in t.state.values())
+        for t in server.tables.values()
+    )
+    bound = f" (max_staleness {config.max_staleness})" if config.mode == "bounded" else ""
+    return (
+        f"parameter server {server.index} of {server.num_servers} on rank {rank}: {tables}; "
+        f"{size / MIB:.2f} MiB with optimizer state; {config.optimizer.kind} lr "
+        f"{config.optimizer.lr:g}; mode {config.mode}{bound}; {config.sharding.kind} sharding; "
+        f"{server.num_workers} workers"
+    )
