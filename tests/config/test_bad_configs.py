@@ -60,20 +60,53 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         GOOD + '\n[strategy]\ntype = "gossip"\n',
         [],
         "bad.toml:9: strategy.type: unknown value 'gossip'; choose one of: local, data_parallel, "
-        "federated, population_based",
+        "federated, population_based, parameter_server",
     ),
     (
         "strategy without type",
         GOOD + "\n[strategy]\nnum_replicas = 2\n",
         [],
         "bad.toml:8: strategy.type: required, but missing; choose one of: local, data_parallel, "
-        "federated, population_based",
+        "federated, population_based, parameter_server",
     ),
     (
         "zero replicas",
         GOOD + '\n[strategy]\ntype = "data_parallel"\nnum_replicas = 0\n',
         [],
         "bad.toml:10: strategy.num_replicas: must be >= 1, got 0",
+    ),
+    (
+        "parameter server: unknown key",
+        GOOD + '\n[strategy]\ntype = "parameter_server"\nservers = 2\n',
+        [],
+        "bad.toml:10: strategy.servers: unknown key; did you mean 'num_servers'? allowed here: "
+        "barrier_timeout_s, "
+        "max_message_rows, max_staleness, mode, num_servers, num_workers, optimizer, placement, "
+        "prefetch, sharding, type, worker_memory_budget_mb",
+    ),
+    (
+        "parameter server: unknown mode",
+        GOOD + '\n[strategy]\ntype = "parameter_server"\nmode = "eventual"\n',
+        [],
+        "bad.toml:10: strategy.mode: must be one of 'sync', 'async' or 'bounded', got 'eventual' "
+        "(string)",
+    ),
+    (
+        "parameter server: unknown server optimizer",
+        GOOD + '\n[strategy]\ntype = "parameter_server"\noptimizer = { kind = "adam" }\n',
+        [],
+        "bad.toml:10: strategy.optimizer.kind: unknown value 'adam'; choose one of: sgd, "
+        "adagrad, lazy_adam",
+    ),
+    (
+        "parameter server: colocated needs a worker per server",
+        GOOD
+        + '\n[strategy]\ntype = "parameter_server"\nplacement = "colocated"\nnum_workers = 1\n'
+        + "num_servers = 2\n",
+        [],
+        'bad.toml:8: strategy: placement = "colocated" runs a server inside each of the first '
+        "num_servers workers: num_servers (2) must be <= num_workers (1); lower it or use "
+        'placement = "dedicated"',
     ),
     (
         "unknown task",

@@ -61,10 +61,14 @@ class FaultInjection(ConfigModel):
 
     rank: int = Field(..., ge=0, description="Rank that fails.")
     step: int = Field(..., ge=0, description="Global step (0-based) at which it fails.")
-    kind: Literal["raise", "exit", "hang", "nan"] = Field(
+    kind: Literal["raise", "exit", "hang", "nan", "slow"] = Field(
         "raise",
-        description="raise an exception, exit abruptly, stop responding, or (nan) turn this "
-        "rank's gradient of the first parameter into NaN at that step.",
+        description="raise an exception, exit abruptly, stop responding, (nan) turn this "
+        "rank's gradient of the first parameter into NaN at that step, or (slow) sleep "
+        "delay_s before every step from that step on (a straggler).",
+    )
+    delay_s: float = Field(
+        0.2, gt=0, description='kind = "slow": seconds this rank sleeps before each step.'
     )
 
 

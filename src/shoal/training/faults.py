@@ -39,7 +39,13 @@ def maybe_inject_fault(
     the tests of resume do).
     """
     fault = ctx.config.faults.inject
-    if fault is None or ctx.resume_from or fault.rank != ctx.rank or fault.step != step:
+    if fault is None or ctx.resume_from or fault.rank != ctx.rank:
+        return _nothing
+    if fault.kind == "slow":  # a straggler: every step from `step` on
+        if step >= fault.step:
+            time.sleep(fault.delay_s)
+        return _nothing
+    if fault.step != step:
         return _nothing
     ctx.log.error("fault injection: %s at step %d", fault.kind, step)
     if fault.kind == "nan":

@@ -19,7 +19,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from shoal.strategies.parameter_server.transport import Link, PendingReply
+from shoal.strategies.parameter_server.transport import Link, PendingReply, ServerRefused
 from shoal.strategies.parameter_server.wire import Header, Op
 
 
@@ -59,14 +59,21 @@ class PendingPull:
         we, wr = client.widths
         entity = torch.empty(len(self.entity_ids), we)
         relation = torch.empty(len(self.relation_ids), wr)
+        refused: ServerRefused | None = None
         for part in self.parts:
-            reply = part.reply.wait(client.timeout_s)
+            try:
+                reply = part.reply.wait(client.timeout_s)
+            except ServerRefused as exc:  # still take every other reply: their receives are
+                refused = refused or exc  # posted, and must not catch later answers
+                continue
             assert reply.values is not None
             n = len(part.entity_at)
             entity[part.entity_at] = reply.values[: n * we].view(n, we)
             relation[part.relation_at] = reply.values[n * we :].view(-1, wr)
             client.stats.bytes_received += reply.values.numel() * 4
         client.stats.wait_s += time.perf_counter() - started
+        if refused is not None:
+            raise refused
         client.note_held(entity, relation)
         return entity, relation
 

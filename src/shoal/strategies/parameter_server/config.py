@@ -141,12 +141,6 @@ class ParameterServerStrategyConfig(ConfigModel):
     prefetch: bool = Field(
         True, description="Pull the next batch's rows while the current batch computes."
     )
-    cache_rows: int = Field(
-        0,
-        ge=0,
-        description="Worker-side cache of hot rows (0: off). A cached row is reused only "
-        "while it is at most max_staleness clocks old (bounded/async); sync never caches.",
-    )
     max_message_rows: int = Field(
         65536,
         ge=1,
@@ -157,7 +151,7 @@ class ParameterServerStrategyConfig(ConfigModel):
         None,
         gt=0,
         description="If set, a worker checks that the rows it may hold at once (a batch, "
-        "its prefetch and its gradients, the cache) fit in this many MiB, and fails "
+        "its prefetch and its gradients) fit in this many MiB, and fails "
         "before training otherwise.",
     )
 
@@ -174,11 +168,6 @@ class ParameterServerStrategyConfig(ConfigModel):
                 f'placement = "colocated" runs a server inside each of the first num_servers '
                 f"workers: num_servers ({self.num_servers}) must be <= num_workers "
                 f'({self.num_workers}); lower it or use placement = "dedicated"'
-            )
-        if self.cache_rows and self.mode == "sync":
-            raise ValueError(
-                'cache_rows: mode = "sync" reads every row fresh each clock, so a cache '
-                'would never be used; set cache_rows = 0 or mode = "bounded"'
             )
         return self
 

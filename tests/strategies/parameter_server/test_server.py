@@ -1,0 +1,152 @@
+"""A shard server's rules without processes: sharding, clocks, held pulls, row optimizers."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from shoal.errors import DataError
+from shoal.strategies.parameter_server.config import (
+    FileShardingConfig,
+    HashShardingConfig,
+    LazyAdamConfig,
+    RangeShardingConfig,
+    RowAdagradConfig,
+    RowSGDConfig,
+)
+from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
+from shoal.strategies.parameter_server.server import ShardServer, TableShard
+from shoal.strategies.parameter_server.sharding import local_index, shard_ids, table_owners
+from shoal.strategies.parameter_server.wire import Header, Message, Op, WireError
+
+NAMES = [f"e{i}" for i in range(103)]
+
+
+@pytest.mark.parametrize("sharding", [HashShardingConfig(), RangeShardingConfig()])
+@pytest.mark.parametrize("servers", [1, 2, 3])
+def test_every_row_is_owned_by_exactly_one_server(sharding: object, servers: int) -> None:
+    owners = table_owners(sharding, servers, NAMES, relation=False)  # type: ignore[arg-type]
+    shards = [set(shard_ids(owners, s).tolist()) for s in range(servers)]
+    assert sum(len(s) for s in shards) == len(NAMES)
+    assert set().union(*shards) == set(range(len(NAMES)))
+    assert max(len(s) for s in shards) - min(len(s) for s in shards) <= len(NAMES) // 5
+    for server, ids in enumerate(shards):
+        index = local_index(owners, server)
+        assert sorted(index[sorted(ids)].tolist()) == list(range(len(ids)))
+
+
+def test_partition_file_places_rows_and_names_its_errors(tmp_path: Path) -> None:
+    path = tmp_path / "parts.tsv"
+    path.write_text("".join(f"{n}\t{i % 2}\n" for i, n in enumerate(NAMES)))
+    owners = table_owners(FileShardingConfig(kind="file", path=str(path)), 2, NAMES, False)
+    assert owners.tolist() == [i % 2 for i in range(len(NAMES))]
+    path.write_text("e0\t0\n")
+    with pytest.raises(DataError, match="102 entities have no server"):
+        table_owners(FileShardingConfig(kind="file", path=str(path)), 2, NAMES, False)
+    path.write_text("e0\t5\n")
+    with pytest.raises(DataError, match=r"parts.tsv:1: server 5 is out of range"):
+        table_owners(FileShardingConfig(kind="file", path=str(path)), 2, NAMES, False)
+
+
+def _server(mode: str, bound: int | None, workers: int = 2, lr: float = 0.5) -> ShardServer:
+    tables = {}
+    for name, rows in (("entity", 6), ("relation", 2)):
+        owners = np.zeros(rows, dtype=np.int32)
+        tables[name] = TableShard(
+            torch.arange(rows), local_index(owners, 0), torch.ones(rows, 3), {}
+        )
+    optimizer = build_row_optimizer(RowSGDConfig(lr=lr))
+    return ShardServer(0, 1, workers, tables, optimizer, mode, bound, barrier_timeout_s=5.0)
+
+
+def _pull(worker: int, clock: int, ids: list[int], seq: int = 0) -> Message:
+    return Message(Header(Op.PULL, worker, clock, len(ids), 0, seq=seq), worker, torch.tensor(ids))
+
+
+def _push(worker: int, clock: int, ids: list[int], value: float) -> Message:
+    header = Header(Op.PUSH, worker, clock, len(ids), 0)
+    return Message(header, worker, torch.tensor(ids), torch.full((len(ids) * 3,), value))
+
+
+def test_sync_applies_a_clock_only_when_every_worker_pushed_it() -> None:
+    server = _server("sync", 0)
+    assert len(server.receive(_pull(0, 0, [1]), 0.0)) == 1  # clock 0: nothing to wait for
+    assert server.receive(_push(0, 0, [1, 2], 1.0), 0.0) == []
+    assert server.receive(_pull(0, 1, [1, 2]), 0.0) == []  # held: worker 1 has not pushed 0
+    assert torch.equal(server.tables["entity"].rows[1], torch.ones(3))  # nothing applied yet
+    replies = server.receive(_push(1, 0, [2], 2.0), 0.0)
+    assert len(replies) == 1 and replies[0].worker == 0
+    # what the pushes made of it: 1 - lr * (sum of the gradients)
+    assert replies[0].values is not None
+    assert torch.allclose(replies[0].values.view(2, 3), torch.tensor([[0.5] * 3, [-0.5] * 3]))
+    assert dict(server.stats.staleness) == {0: 2}
+
+
+def test_bounded_holds_a_pull_more_than_the_bound_ahead_and_async_does_not() -> None:
+    for mode, bound in (("bounded", 2), ("async", None)):
+        server = _server(mode, bound)
+        for clock in range(4):
+            server.receive(_push(0, clock, [0], 0.1), 0.0)
+        answered = [bool(server.receive(_pull(0, c, [0], seq=c), 0.0)) for c in range(2, 5)]
+        if mode == "bounded":  # worker 1 is at clock 0: pulls up to clock 2 are served
+            assert answered == [True, False, False]
+            assert max(server.stats.staleness) == 2
+            released = server.receive(_push(1, 0, [0], 0.1), 0.0)
+            assert [r.header.clock for r in released] == [3]  # in order, within the bound
+        else:
+            assert answered == [True, True, True]
+            assert max(server.stats.staleness) == 4
+
+
+def test_a_held_pull_expires_naming_the_worker_it_waits_for() -> None:
+    server = _server("sync", 0)
+    server.receive(_push(0, 0, [0], 0.1), 0.0)
+    server.receive(_pull(0, 1, [0]), 0.0)
+    assert server.expire(4.0) == []
+    (reply,) = server.expire(6.0)
+    assert reply.header.op == Op.ERROR
+    assert "worker 1 (at clock 0)" in reply.blob.decode()
+    assert "barrier_timeout_s" in reply.blob.decode()
+
+
+def test_bad_requests_are_refused_before_they_change_anything() -> None:
+    server = _server("async", None)
+    with pytest.raises(WireError, match="entity id out of range"):
+        server.receive(_push(0, 0, [99], 1.0), 0.0)
+    with pytest.raises(WireError, match="pushes must come in clock order"):
+        server.receive(_push(0, 3, [0], 1.0), 0.0)
+    assert server.received == [0, 0]
+    assert torch.equal(server.tables["entity"].rows, torch.ones(6, 3))
+    with pytest.raises(WireError, match="exceed the bound of 8"):
+        Header.parse(Header(Op.PULL, 0, 0, 9, 0).tensor(), max_rows=8)
+    with pytest.raises(WireError, match="not a parameter-server header"):
+        Header.parse(torch.zeros(8, dtype=torch.int64), max_rows=8)
+
+
+def test_row_optimizers_match_their_definitions() -> None:
+    grads = [torch.randn(2, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
+    index = torch.tensor([0, 2])
+    # row-wise adagrad: one accumulator per row, the mean of g^2 over the row
+    adagrad = build_row_optimizer(RowAdagradConfig(lr=0.1, eps=1e-10))
+    table, state = torch.zeros(3, 4), adagrad.new_state(3, 4)
+    total = torch.zeros(2)
+    expected = torch.zeros(2, 4)
+    for g in grads:
+        adagrad.apply(table, state, index, g)
+        total += g.pow(2).mean(dim=1)
+        expected -= 0.1 * g / (total.sqrt()[:, None] + 1e-10)
+    assert torch.allclose(table[index], expected, atol=1e-6)
+    assert torch.equal(table[1], torch.zeros(4))
+    # lazy adam on rows pushed every step equals torch's SparseAdam
+    lazy = build_row_optimizer(LazyAdamConfig(lr=0.01))
+    table, state = torch.zeros(3, 4), lazy.new_state(3, 4)
+    reference = torch.nn.Parameter(torch.zeros(3, 4))
+    sparse_adam = torch.optim.SparseAdam([reference], lr=0.01)
+    for g in grads:
+        lazy.apply(table, state, index, g)
+        reference.grad = torch.sparse_coo_tensor(index[None], g, (3, 4), check_invariants=True)
+        sparse_adam.step()
+    assert torch.allclose(table, reference.detach(), atol=1e-6)

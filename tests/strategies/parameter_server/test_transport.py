@@ -1,0 +1,126 @@
+"""Workers and servers in real processes (gloo on loopback): routing, modes, bad messages.
+
+Two workers and two servers talk through `RowClient` and `ServerEndpoint` as a
+job's do; worker 1 pushes clock 0 and then stalls until worker 0 is done, so
+each mode shows what it does with a straggler.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from shoal.strategies.parameter_server.client import RowClient
+from shoal.strategies.parameter_server.config import RowSGDConfig
+from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
+from shoal.strategies.parameter_server.server import ShardServer
+from shoal.strategies.parameter_server.sharding import hash_owners
+from shoal.strategies.parameter_server.shards import build_shard
+from shoal.strategies.parameter_server.transport import (
+    RemoteLink,
+    ServerEndpoint,
+    ServerRefused,
+)
+from shoal.strategies.parameter_server.wire import HEADER_LEN, MAGIC, Header, Op, Tag
+from tests.comm.group import run_in_group
+
+ENTITIES, RELATIONS, WIDTH, WORKERS, SERVERS = 40, 3, 4, 2, 2
+LR, BARRIER_S, STEPS = 0.5, 1.5, 6
+INITIAL = torch.arange(ENTITIES * WIDTH, dtype=torch.float32).view(ENTITIES, WIDTH) / 100
+OWNERS = {"entity": hash_owners(ENTITIES, SERVERS), "relation": hash_owners(RELATIONS, SERVERS)}
+
+
+def _bad_messages(group: dist.ProcessGroup, server_rank: int) -> list[str]:
+    """A header with a wrong magic and one announcing too many rows: both refused."""
+    errors = []
+    for values in (
+        [7, int(Op.PULL), 1, 0, 1, 0, 0, 1],
+        [MAGIC, int(Op.PULL), 1, 0, 10**9, 0, 0, 2],
+    ):
+        reply = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        work = dist.irecv(reply, server_rank, group=group, tag=Tag.REPLY_HEADER)
+        dist.isend(torch.tensor(values), server_rank, group=group, tag=Tag.HEADER).wait()
+        work.wait(datetime.timedelta(seconds=10))
+        assert int(reply[1]) == Op.ERROR
+        text = torch.empty(int(reply[6]), dtype=torch.uint8)
+        dist.recv(text, server_rank, group=group, tag=Tag.REPLY_BLOB)
+        errors.append(bytes(text.numpy().tobytes()).decode())
+    return errors
+
+
+def _job(rank: int, world_size: int, mode: str, bound: int | None, out: str) -> None:
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
+    if rank >= WORKERS:  # a server
+        server = rank - WORKERS
+        optimizer = build_row_optimizer(RowSGDConfig(lr=LR))
+        tables = {
+            "entity": build_shard(OWNERS["entity"], server, INITIAL, optimizer),
+            "relation": build_shard(
+                OWNERS["relation"], server, torch.zeros(RELATIONS, WIDTH), optimizer
+            ),
+        }
+        shard = ShardServer(server, SERVERS, WORKERS, tables, optimizer, mode, bound, BARRIER_S)
+        ServerEndpoint(shard, group, (WIDTH, WIDTH), 64, 30.0, logging.getLogger("test")).serve()
+        return
+    links = [RemoteLink(s, WORKERS + s, group) for s in range(SERVERS)]
+    client = RowClient(rank, links, OWNERS, (WIDTH, WIDTH), max_rows=16, timeout_s=30.0)
+    ids = torch.arange(ENTITIES)  # more rows than one message carries: split by max_rows
+    none = torch.zeros(0, dtype=torch.int64)
+    ones = torch.ones(ENTITIES, WIDTH)
+    result: dict[str, object] = {}
+    if rank == 1:
+        result["bad"] = _bad_messages(group, WORKERS)
+        client.pull(ids, none, 0).wait()
+        client.push(ids, ones, none, torch.zeros(0, WIDTH), 0)
+        flag = torch.zeros(1)
+        dist.recv(flag, 0)  # stall until worker 0 is done
+    else:
+        reached = 0
+        try:
+            for clock in range(STEPS):
+                client.pull(ids, none, clock).wait()
+                client.push(ids, ones, none, torch.zeros(0, WIDTH), clock)
+                reached = clock + 1
+        except ServerRefused as exc:
+            result["error"] = str(exc)
+        result["reached"] = reached
+        dist.send(torch.ones(1), 1)
+        if reached == STEPS:  # every push is in: a fresh pull sees all of them
+            rows, _ = client.pull(ids, none, STEPS, fresh=True).wait()
+            result["rows_ok"] = bool(torch.allclose(rows, INITIAL - LR * (STEPS + 1)))
+        stats = client.control(Op.STATS, STEPS, fresh=False)
+        result["staleness"] = [s["staleness"] for s in stats]
+    client.bye()
+    Path(out, f"worker-{rank}.json").write_text(json.dumps(result))
+
+
+@pytest.mark.parametrize(
+    ("mode", "bound", "reached"),
+    # sync: the pull for clock 2 waits for worker 1's push of clock 1; bounded(2): the pull
+    # for clock 4 is 3 clocks ahead of worker 1; async: never waits
+    [("sync", 0, 2), ("bounded", 2, 4), ("async", None, STEPS)],
+)
+def test_modes_with_a_stalled_worker(
+    tmp_path: Path, mode: str, bound: int | None, reached: int
+) -> None:
+    run_in_group(WORKERS + SERVERS, _job, tmp_path, mode, bound, str(tmp_path))
+    fast = json.loads((tmp_path / "worker-0.json").read_text())
+    slow = json.loads((tmp_path / "worker-1.json").read_text())
+    assert fast["reached"] == reached
+    staleness = [int(k) for hist in fast["staleness"] for k in hist]
+    if mode == "async":
+        assert "error" not in fast and fast["rows_ok"]
+        # worker 0 ran on, 4 or 5 clocks ahead of the stalled worker (beyond bounded's 2)
+        assert max(staleness) >= STEPS - 2
+    else:
+        assert "worker 1 (at clock 1)" in fast["error"] and "barrier_timeout_s" in fast["error"]
+        assert max(staleness) == bound  # never more than the bound, and the bound was reached
+    assert "not a parameter-server header" in slow["bad"][0]
+    assert "exceed the bound of 64" in slow["bad"][1]
