@@ -12,7 +12,6 @@ import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import pytest
 import torch
 import torch.distributed as dist
@@ -28,7 +27,7 @@ from shoal.strategies.parameter_server.transport import (
     ServerEndpoint,
     ServerRefused,
 )
-from shoal.strategies.parameter_server.wire import HEADER_LEN, MAGIC, Header, Op, Tag
+from shoal.strategies.parameter_server.wire import HEADER_LEN, MAGIC, Op, Tag
 from tests.comm.group import run_in_group
 
 ENTITIES, RELATIONS, WIDTH, WORKERS, SERVERS = 40, 3, 4, 2, 2
