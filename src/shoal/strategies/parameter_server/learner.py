@@ -40,6 +40,7 @@ class ServedRows:
         self.client = client
         self.num_entities = num_entities
         self.num_relations = num_relations
+        self.block_rows = client.max_rows  # candidate rows pulled at once when ranking
         self.clock = 0  # fresh reads wait for every push before this clock
         self.batch: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
@@ -53,13 +54,13 @@ class ServedRows:
                 _, rows = self.client.pull(empty, unique, self.clock, fresh=True).wait()
             return rows[inverse]
         pulled_ids, leaf = self.batch[table]
-        at = torch.searchsorted(pulled_ids, ids)
+        at = torch.searchsorted(pulled_ids, ids.contiguous())
         if len(ids) and (at.max() >= len(pulled_ids) or not torch.equal(pulled_ids[at], ids)):
             raise RuntimeError(f"the model read {table} rows the batch did not pull")
         return leaf[at]
 
     def entity_blocks(self) -> Iterator[torch.Tensor]:
-        block = max(1, self.client.max_rows)
+        block = max(1, self.block_rows)
         empty = torch.zeros(0, dtype=torch.int64)
         for start in range(0, self.num_entities, block):
             ids = torch.arange(start, min(start + block, self.num_entities))

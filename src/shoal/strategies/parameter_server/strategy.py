@@ -217,11 +217,17 @@ class ParameterServerStrategy(Strategy):
             config.max_message_rows,
             self.ctx.config.faults.timeout_s,
         )
+        self.served = ServedRows(self.client, self.task.num_entities, self.task.num_relations)
         self._check_budget(widths)
 
     def _check_budget(self, widths: tuple[int, int]) -> None:
-        """The most rows a worker holds at once: a batch's and the prefetched batch's rows,
-        with their gradients; owner arrays besides. Fails before training if over budget."""
+        """The most a worker holds at once, and a check against the configured budget.
+
+        Training: a batch's rows and the prefetched batch's, and the gradients of one.
+        Evaluation: a block of candidate rows (no larger than a training batch's rows),
+        the queries, and the score matrix of an evaluation batch against every entity.
+        Owner arrays (4 bytes a row) besides. Fails before training if over budget.
+        """
         config, task = self.config, self.task
         train = self.ctx.config.train
         negatives = task.config.negatives
@@ -230,12 +236,20 @@ class ParameterServerStrategy(Strategy):
         entity_rows = min(task.num_entities, 2 * share + chunks * negatives.num_negatives)
         relation_rows = min(task.num_relations, share)
         batch_bytes = 4 * (entity_rows * widths[0] + relation_rows * widths[1])
-        copies = 2 + (1 if config.prefetch else 0)  # rows, their gradients, the next batch's rows
+        train_bytes = (3 if config.prefetch else 2) * batch_bytes
+        self.served.block_rows = min(entity_rows, config.max_message_rows)
+        eval_batch = task.config.evaluation.batch_size
+        eval_bytes = 4 * (
+            eval_batch * task.num_entities
+            + self.served.block_rows * widths[0]
+            + 3 * eval_batch * max(widths)
+        )
         owners_bytes = sum(o.nbytes for o in self.owners.values())
-        self.bound_bytes = copies * batch_bytes + owners_bytes
+        self.bound_bytes = max(train_bytes, eval_bytes) + owners_bytes
         table_bytes = 4 * (task.num_entities * widths[0] + task.num_relations * widths[1])
         self.ctx.log.info(
-            "parameter server worker %d: holds at most %.2f MiB of rows (the tables: %.2f MiB)",
+            "parameter server worker %d: holds at most %.3f MiB of rows and scores "
+            "(the tables: %.3f MiB)",
             self.ctx.rank,
             self.bound_bytes / MIB,
             table_bytes / MIB,
@@ -244,14 +258,15 @@ class ParameterServerStrategy(Strategy):
         if budget is not None and self.bound_bytes > budget * MIB:
             raise ShoalError(
                 f"strategy.worker_memory_budget_mb = {budget:g}: a worker would hold up to "
-                f"{self.bound_bytes / MIB:.2f} MiB of rows (batch share {share}, "
-                f"{negatives.num_negatives} negatives per chunk); lower train.batch_size, raise "
-                "num_workers or the budget"
+                f"{self.bound_bytes / MIB:.3f} MiB (training: batch share {share} with "
+                f"{negatives.num_negatives} negatives per chunk, {train_bytes / MIB:.3f} MiB; "
+                f"evaluation: batch {eval_batch} against {task.num_entities} entities, "
+                f"{eval_bytes / MIB:.3f} MiB); lower train.batch_size or "
+                "task.evaluation.batch_size, or raise num_workers or the budget"
             )
 
     def attach(self, model: nn.Module) -> GradientSync:
         assert isinstance(model, KGEModel)
-        self.served = ServedRows(self.client, self.task.num_entities, self.task.num_relations)
         model.serve_tables(self.served)
         worker_ctx = self.task.ctx
 

@@ -154,7 +154,7 @@ class ServerEndpoint:
                 self._send_all(server.expire(now))
                 if now - last_heard > self.timeout_s:
                     silent = [w for w, done in enumerate(server.finished) if not done]
-                    raise JobFailed(
+                    raise PeerTimeout(
                         f"server {server.index}: no request from any worker for "
                         f"{self.timeout_s:g} s (faults.timeout_s); still expected: workers "
                         f"{silent}"
@@ -162,7 +162,7 @@ class ServerEndpoint:
                 continue
             last_heard = now
             if isinstance(item, _Failed):
-                raise JobFailed(
+                raise PeerTimeout(
                     f"server {server.index}: receiving from the workers failed: "
                     f"{describe_failure(item.error)}"
                 )
@@ -216,7 +216,7 @@ class ServerEndpoint:
                 if work is not None:
                     work.wait(datetime.timedelta(seconds=self.timeout_s))
         except Exception as exc:
-            raise JobFailed(
+            raise PeerTimeout(
                 f"server {self.server.index}: sending a reply to worker {reply.worker} failed: "
                 f"{describe_failure(exc)}"
             ) from exc

@@ -1,0 +1,214 @@
+"""Whole parameter-server jobs (`shoal.train`, real processes): equivalence with one process,
+staleness under a straggler, failures that end the job with a name, resume with re-sharding,
+the worker memory bound, and every model and sampling scheme."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import shoal
+from shoal.errors import JobFailed, ShoalError
+from shoal.strategies.parameter_server.shards import SHARD_GLOB
+from tests.conftest import final_state
+from tests.tasks.kge.planted import random_mrr, write_planted_graph
+from tests.tasks.kge.test_training import kge_job
+
+SGD = {"kind": "sgd", "lr": 0.5}
+
+
+@pytest.fixture(scope="module")
+def graph(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    paths = write_planted_graph(tmp_path_factory.mktemp("planted"))
+    return {name: str(path) for name, path in paths.items()}
+
+
+def ps(**fields: Any) -> dict[str, Any]:
+    return {
+        "type": "parameter_server",
+        "num_workers": 2,
+        "num_servers": 2,
+        "optimizer": SGD,
+        "barrier_timeout_s": 20.0,
+        **fields,
+    }
+
+
+def job(runs: Path, graph: dict[str, str], name: str, **sections: Any) -> dict[str, Any]:
+    """A short TransE job: 2 epochs, SGD, one evaluation at the end, a final checkpoint."""
+    base: dict[str, Any] = {
+        "task": {"model": {"type": "transe", "p": 2}, "loss": {"kind": "margin_ranking"}},
+        "train": {"epochs": 2, "optimizer": SGD, "eval_every_epochs": 0},
+        "run": {"name": name},
+        "faults": {"timeout_s": 60.0, "heartbeat_timeout_s": 60.0},
+    }
+    for key, value in sections.items():
+        base[key] = {**base.get(key, {}), **value}
+    return kge_job(runs, graph, **base)
+
+
+def ps_tables(results: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The full tables, put together from the servers' shard files of the final checkpoint."""
+    tables: dict[str, dict[int, torch.Tensor]] = {"entity": {}, "relation": {}}
+    for file in sorted(Path(results["checkpoint"]).glob(SHARD_GLOB)):
+        state = torch.load(file, weights_only=True)
+        for name, rows in tables.items():
+            for i, row in zip(state[f"{name}.ids"].tolist(), state[f"{name}.rows"], strict=True):
+                assert i not in rows, f"{name} row {i} is in two shards"
+                rows[i] = row
+    return {name: torch.stack([rows[i] for i in sorted(rows)]) for name, rows in tables.items()}
+
+
+def test_sync_reproduces_one_process_with_sgd(runs: Path, graph: dict[str, str]) -> None:
+    """2 workers x 2 servers in sync mode == `local` on the same global batches (SGD).
+
+    drop_last: a short last batch would split into shares that chunked negative sampling
+    keys differently from the whole batch (as under data_parallel)."""
+    train = {"drop_last": True}
+    local = shoal.train(job(runs, graph, "local", train=train))
+    served = shoal.train(job(runs, graph, "ps", strategy=ps(), train=train))
+    assert served["steps"] == local["steps"] == 12
+    model = final_state(local)["model"]
+    tables = ps_tables(served)
+    torch.testing.assert_close(tables["entity"], model["entity.weight"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(tables["relation"], model["relation.weight"], rtol=0, atol=1e-5)
+    assert served["valid"]["mrr"] == pytest.approx(local["valid"]["mrr"], abs=1e-4)
+    stats = served["parameter_server"]
+    assert stats["pushes"] == 2 * 2 * served["steps"]  # every worker, every server, every step
+    assert stats["staleness_histogram"] == {"0": stats["staleness_histogram"]["0"]}
+
+
+def test_bounded_staleness_holds_with_a_straggler(runs: Path, graph: dict[str, str]) -> None:
+    """Worker 2 sleeps before every step: the others run ahead, at most max_staleness."""
+    results = shoal.train(
+        job(
+            runs,
+            graph,
+            "bounded",
+            strategy=ps(num_workers=3, num_servers=1, mode="bounded", max_staleness=1),
+            faults={"inject": {"rank": 2, "step": 0, "kind": "slow", "delay_s": 0.05}},
+            monitor={"log_every_steps": 1000},
+        )
+    )
+    histogram = {int(k): v for k, v in results["parameter_server"]["staleness_histogram"].items()}
+    assert max(histogram) == 1  # the bound was reached and never exceeded
+    assert results["parameter_server"]["server_held_s"][0] > 0  # pulls were held for it
+
+
+def test_sync_times_out_naming_the_stalled_worker(runs: Path, graph: dict[str, str]) -> None:
+    started = time.monotonic()
+    with pytest.raises(ShoalError) as failure:
+        shoal.train(
+            job(
+                runs,
+                graph,
+                "stalled",
+                strategy=ps(barrier_timeout_s=2.0),
+                faults={"inject": {"rank": 1, "step": 3, "kind": "hang"}},
+            )
+        )
+    text = str(failure.value)
+    assert "worker 1 (at clock 3)" in text and "barrier_timeout_s = 2" in text, text
+    assert time.monotonic() - started < 40
+
+
+@pytest.mark.parametrize(("rank", "who"), [(3, "rank 3"), (1, "rank 1")], ids=["server", "worker"])
+def test_a_killed_process_ends_the_job_naming_it(
+    runs: Path, graph: dict[str, str], rank: int, who: str
+) -> None:
+    started = time.monotonic()
+    with pytest.raises(JobFailed, match=f"{who} exited with code 17"):
+        shoal.train(
+            job(
+                runs,
+                graph,
+                f"killed-{rank}",
+                strategy=ps(),
+                faults={"inject": {"rank": rank, "step": 2, "kind": "exit"}},
+            )
+        )
+    assert time.monotonic() - started < 40
+
+
+def test_resume_with_more_servers_reshards_and_continues_exactly(
+    runs: Path, graph: dict[str, str]
+) -> None:
+    full = shoal.train(job(runs, graph, "full", strategy=ps()))
+    first = shoal.train(job(runs, graph, "first", strategy=ps(), train={"epochs": 1}))
+    resumed = shoal.train(
+        resume=Path(first["checkpoint"]),
+        overrides=["train.epochs=2", "strategy.num_servers=3"],
+    )
+    assert resumed["steps"] == full["steps"]
+    assert len(list(Path(resumed["checkpoint"]).glob(SHARD_GLOB))) == 3
+    a, b = ps_tables(full), ps_tables(resumed)
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)
+    log = (Path(resumed["run_dir"]) / "logs" / "rank-2.log").read_text()
+    assert "re-sharded from 2 servers to 3" in log
+
+
+def test_a_table_larger_than_the_worker_budget_trains(runs: Path, graph: dict[str, str]) -> None:
+    budget_mb = 0.07
+    small = {"num_negatives": 2, "chunk_size": 2}
+    results = shoal.train(
+        job(
+            runs,
+            graph,
+            "budget",
+            task={"dim": 512, "negatives": small, "evaluation": {"batch_size": 8}},
+            train={"batch_size": 4, "max_steps": 10, "epochs": 1},
+            strategy=ps(worker_memory_budget_mb=budget_mb),
+        )
+    )
+    table_bytes = 4 * 512 * (results["data"]["entities"] + results["data"]["relations"])
+    peak = results["parameter_server"]["worker_peak_row_bytes"]
+    assert 0 < peak <= budget_mb * (1 << 20) < table_bytes
+    with pytest.raises(ShoalError, match="worker_memory_budget_mb = 0.01"):
+        shoal.train(
+            job(
+                runs,
+                graph,
+                "over-budget",
+                task={"dim": 512, "negatives": small, "evaluation": {"batch_size": 8}},
+                train={"batch_size": 4, "max_steps": 10, "epochs": 1},
+                strategy=ps(worker_memory_budget_mb=0.01),
+            )
+        )
+
+
+SCHEMES = {  # every model, each with another negative-sampling scheme and loss
+    "transe": (
+        {"type": "transe", "p": 1},
+        {"chunk_size": 1, "side": "bernoulli"},
+        "margin_ranking",
+    ),
+    "distmult": ({"type": "distmult"}, {"distribution": "degree"}, "softmax"),
+    "complex": ({"type": "complex", "init_scale": 0.1}, {"side": "uniform"}, "softmax"),
+    "rotate": ({"type": "rotate"}, {"chunk_size": 4}, "logistic"),
+}
+
+
+@pytest.mark.parametrize("model", sorted(SCHEMES))
+def test_every_model_and_sampling_scheme_learns(
+    runs: Path, graph: dict[str, str], model: str
+) -> None:
+    config, negatives, loss = SCHEMES[model]
+    results = shoal.train(
+        kge_job(
+            runs,
+            graph,
+            task={
+                "model": config,
+                "negatives": {"num_negatives": 16, "chunk_size": 16, **negatives},
+                "loss": {"kind": loss},
+            },
+            train={"epochs": 20, "eval_every_epochs": 0},
+            strategy=ps(mode="async", num_servers=1, optimizer={"kind": "lazy_adam", "lr": 0.05}),
+        )
+    )
+    assert results["test"]["mrr"] > 2 * random_mrr(results["data"]["entities"])
