@@ -168,7 +168,7 @@ def test_a_table_larger_than_the_worker_budget_trains(runs: Path, graph: dict[st
     table_bytes = 4 * 512 * (results["data"]["entities"] + results["data"]["relations"])
     peak = results["parameter_server"]["worker_peak_row_bytes"]
     assert 0 < peak <= budget_mb * (1 << 20) < table_bytes
-    with pytest.raises(ShoalError, match="worker_memory_budget_mb = 0.01"):
+    with pytest.raises(ShoalError, match=r"worker_memory_budget_mb = 0\.01"):
         shoal.train(
             job(
                 runs,
