@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.shoal-installed
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo test lint typecheck bench bench-kge clean
+.PHONY: setup demo demo-dp test lint typecheck bench bench-kge bench-ps clean
 
 setup: $(STAMP)
 
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: setup
+	$(VENV)/bin/shoal train examples/kge-kinships-ps.toml
+
+demo-dp: setup
 	$(VENV)/bin/shoal train examples/demo.toml
 
 test: setup
@@ -35,6 +38,9 @@ bench: setup
 
 bench-kge: setup
 	$(PY) benchmarks/kge_vs_pykeen.py
+
+bench-ps: setup
+	$(PY) benchmarks/kge_ps_scaling.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

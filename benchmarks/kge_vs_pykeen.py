@@ -64,7 +64,7 @@ def pykeen_child(args: argparse.Namespace, out: Path) -> None:
     def factory(triples: torch.Tensor) -> TriplesFactory:
         return TriplesFactory(triples, entity_to_id=entity_to_id, relation_to_id=relation_to_id)
 
-    train = factory(data.train)
+    train = factory(data.train[: args.train_limit] if args.train_limit else data.train)
     valid, test = factory(data.splits["valid"].triples), factory(data.splits["test"].triples)
     torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
@@ -151,11 +151,20 @@ def shoal_metrics(model: Any, data: Any, args: argparse.Namespace, limit: int) -
 SPLITS = ("train", "valid", "test")
 
 
-def shoal_run(work: Path, args: argparse.Namespace, round_: int, evaluate: bool) -> dict[str, Any]:
+def shoal_run(
+    work: Path,
+    args: argparse.Namespace,
+    round_: int,
+    evaluate: bool,
+    strategy: dict[str, Any] | None = None,
+    overrides: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One shoal run: `local` with sparse rows and lazy Adam, or `strategy` (e.g. a parameter
+    server, whose own optimizer then applies the rows); `overrides` merge into sections."""
     data = {s: str(DATA / f"{s}.txt.gz") for s in SPLITS}
     if not evaluate:
         data = {"train": data["train"]}  # no held-out split: nothing is evaluated
-    config = {
+    config: dict[str, Any] = {
         "task": {
             "type": "kge",
             "dim": args.dim,
@@ -180,12 +189,19 @@ def shoal_run(work: Path, args: argparse.Namespace, round_: int, evaluate: bool)
         },
         "monitor": {"log_every_steps": 20, "progress": "off"},
     }
+    if strategy is not None:
+        config["strategy"] = strategy
+        config["task"]["sparse_gradients"] = False  # rows travel to the servers instead
+    for section, values in (overrides or {}).items():
+        config[section] = {**config[section], **values}
     path = work / "shoal.toml"
     path.write_text(tomli_w.dumps(config))
     started = time.perf_counter()
-    subprocess.run([str(BIN / "shoal"), "train", str(path)], check=True, capture_output=True)
+    done = subprocess.run([str(BIN / "shoal"), "train", str(path)], capture_output=True, text=True)
+    if done.returncode:
+        raise RuntimeError(f"shoal train failed: {done.stderr.strip()[-2000:]}")
     wall_s = time.perf_counter() - started
-    root = work / "runs" / f"shoal-{round_}"
+    root = work / "runs" / str(config["run"]["name"])
     results = json.loads((root / "results.json").read_text())
     records = [json.loads(line) for line in (root / "metrics.jsonl").read_text().splitlines()]
     steps = [r for r in records if r["event"] == "train"]
@@ -197,6 +213,8 @@ def shoal_run(work: Path, args: argparse.Namespace, round_: int, evaluate: bool)
     }
     if evaluate:
         report.update(mrr=results["test"]["mrr"], **{"hits@10": results["test"]["hits@10"]})
+    if "parameter_server" in results:
+        report["parameter_server"] = results["parameter_server"]
     return report
 
 
@@ -205,6 +223,7 @@ def pykeen_run(work: Path, args: argparse.Namespace, evaluate: bool) -> dict[str
     command = [sys.executable, __file__, "--child", str(out)]
     command += ["--evaluate"] if evaluate else []
     names = ("epochs", "dim", "negatives", "batch_size", "lr", "p", "seed", "crosscheck", "threads")
+    names += ("train_limit",)
     for name in names:
         command += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     subprocess.run(command, check=True)
@@ -228,6 +247,9 @@ def main() -> None:
     parser.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--evaluate", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--crosscheck", type=int, default=1000)
+    parser.add_argument(
+        "--train-limit", type=int, default=0, help="PyKEEN: train on the first N triples only"
+    )
     args = parser.parse_args()
     if args.child:
         pykeen_child(args, args.child)

@@ -63,14 +63,24 @@ def ps_tables(results: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {name: torch.stack([rows[i] for i in sorted(rows)]) for name, rows in tables.items()}
 
 
-def test_sync_reproduces_one_process_with_sgd(runs: Path, graph: dict[str, str]) -> None:
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory: pytest.TempPathFactory, graph: dict[str, str]) -> dict[str, Any]:
+    return shoal.train(job(tmp_path_factory.mktemp("local"), graph, "local", train=DROP_LAST))
+
+
+DROP_LAST = {"drop_last": True}
+
+
+@pytest.mark.parametrize("placement", ["dedicated", "colocated"])
+def test_sync_reproduces_one_process_with_sgd(
+    runs: Path, graph: dict[str, str], local_run: dict[str, Any], placement: str
+) -> None:
     """2 workers x 2 servers in sync mode == `local` on the same global batches (SGD).
 
     drop_last: a short last batch would split into shares that chunked negative sampling
     keys differently from the whole batch (as under data_parallel)."""
-    train = {"drop_last": True}
-    local = shoal.train(job(runs, graph, "local", train=train))
-    served = shoal.train(job(runs, graph, "ps", strategy=ps(), train=train))
+    local = local_run
+    served = shoal.train(job(runs, graph, "ps", strategy=ps(placement=placement), train=DROP_LAST))
     assert served["steps"] == local["steps"] == 12
     model = final_state(local)["model"]
     tables = ps_tables(served)
