@@ -99,6 +99,13 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "adagrad, lazy_adam",
     ),
     (
+        "parameter server: a dense task",
+        GOOD + '\n[strategy]\ntype = "parameter_server"\n',
+        [],
+        "strategy parameter_server serves embedding tables: it trains task type 'kge', not "
+        "'classification'; use data_parallel for dense models",
+    ),
+    (
         "parameter server: colocated needs a worker per server",
         GOOD
         + '\n[strategy]\ntype = "parameter_server"\nplacement = "colocated"\nnum_workers = 1\n'

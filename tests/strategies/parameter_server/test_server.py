@@ -126,6 +126,17 @@ def test_bad_requests_are_refused_before_they_change_anything() -> None:
         Header.parse(torch.zeros(8, dtype=torch.int64), max_rows=8)
 
 
+def test_a_shard_is_saved_only_inside_the_run_directory(tmp_path: Path) -> None:
+    server = _server("async", None)
+    server.save_root = tmp_path.resolve()
+    save = Header(Op.SAVE, 0, 0, fresh=True)
+    (reply,) = server.receive(Message(save, 0, blob=str(tmp_path).encode()), 0.0)
+    assert (tmp_path / "ps-shard-000-of-001.pt").is_file()
+    (refused,) = server.receive(Message(save, 0, blob=str(tmp_path.parent).encode()), 0.0)
+    assert reply.header.op == Op.REPLY and refused.header.op == Op.ERROR
+    assert "outside the run directory" in refused.blob.decode()
+
+
 def test_row_optimizers_match_their_definitions() -> None:
     grads = [torch.randn(2, 4, generator=torch.Generator().manual_seed(i)) for i in range(3)]
     index = torch.tensor([0, 2])

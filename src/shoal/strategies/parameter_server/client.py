@@ -11,7 +11,6 @@ are counted: `held_bytes` is the largest row buffer it ever held.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -20,7 +19,7 @@ import numpy as np
 import torch
 
 from shoal.strategies.parameter_server.transport import Link, PendingReply, ServerRefused
-from shoal.strategies.parameter_server.wire import Header, Op
+from shoal.strategies.parameter_server.wire import Header, Op, decode_json
 
 
 @dataclass
@@ -193,7 +192,7 @@ class RowClient:
         answers = []
         for reply in pending:
             got = reply.wait(self.timeout_s)
-            answers.append(json.loads(got.blob.decode()) if got.blob else None)
+            answers.append(decode_json(got.blob) if got.blob else None)
         return answers
 
     def bye(self) -> None:

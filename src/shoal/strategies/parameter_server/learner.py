@@ -26,6 +26,7 @@ from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
 from shoal.strategies.parameter_server.client import PendingPull, RowClient
 from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
+from shoal.strategies.parameter_server.wire import Op
 from shoal.tasks.base import LossOutput
 from shoal.tasks.kge.task import KGETask
 from shoal.training.batching import EpochPlan, local_share, steps_per_epoch
@@ -71,9 +72,10 @@ class ServedRows:
 class ServerSync(GradientSync):
     """What the trainer asks of a gradient sync, answered from the client's counters."""
 
-    def __init__(self, client: RowClient, reduce: Any, num_workers: int) -> None:
+    def __init__(self, client: RowClient, reduce: Any, num_workers: int, is_main: bool) -> None:
         self.client = client
         self.num_workers = num_workers
+        self.is_main = is_main
         self.reduce = reduce  # collective over workers: (list of numbers) -> sums
         self._last: list[float] = [0.0] * len(client.stats.as_list())
         self._last_time = time.perf_counter()
@@ -101,13 +103,32 @@ class ServerSync(GradientSync):
         self._last_time = now
         pulls, pushes, rows_pulled, rows_pushed, bytes_in, wait_s = total
         workers = max(self.num_workers, 1)
-        return {
+        metrics = {
             "ps_pulls": pulls,
             "ps_pushes": pushes,
             "ps_rows_per_s": (rows_pulled + rows_pushed) / elapsed,
             "ps_pulled_bytes_per_s": bytes_in / elapsed,
             "ps_wait_s": wait_s / workers,
         }
+        if self.is_main:  # only rank 0 writes metrics: it alone asks the servers
+            metrics.update(server_metrics(self.client.control(Op.STATS, 0, fresh=False)))
+        return metrics
+
+
+def server_metrics(servers: list[Any]) -> dict[str, float]:
+    """The servers' statistics so far: apply and hold time, and the staleness histogram
+    (`ps_staleness_<k>`: pulls served k clocks ahead of the slowest worker)."""
+    metrics = {
+        "ps_server_apply_s": sum(s["apply_s"] for s in servers),
+        "ps_server_held_s": sum(s["held_s"] for s in servers),
+        "ps_server_pushed_bytes": sum(s["bytes_in"] for s in servers),
+        "ps_rejected_messages": sum(s["rejected"] for s in servers),
+    }
+    for stats in servers:
+        for key, count in stats["staleness"].items():
+            name = f"ps_staleness_{key}"
+            metrics[name] = metrics.get(name, 0) + count
+    return metrics
 
 
 class ServerLearner:
@@ -188,8 +209,11 @@ class ServerLearner:
                 loss_sum, sums = out.loss_sum.detach(), {k: v.detach() for k, v in out.sums.items()}
         finally:
             self.served.batch = None
-        entity_grad = entity.grad if entity.grad is not None else torch.zeros_like(entity)
-        relation_grad = relation.grad if relation.grad is not None else torch.zeros_like(relation)
+        entity_grad, relation_grad = entity.grad, relation.grad
+        if entity_grad is None:  # the loss did not read them (an empty share): push no rows
+            entity_ids, entity_grad = entity_ids[:0], entity.detach()[:0]
+        if relation_grad is None:
+            relation_ids, relation_grad = relation_ids[:0], relation.detach()[:0]
         self.client.note_held(entity, relation, entity_grad, relation_grad)
         skipped = False
         if not (torch.isfinite(entity_grad).all() and torch.isfinite(relation_grad).all()):

@@ -114,8 +114,10 @@ class ShardServer:
         mode: str,
         bound: int | None,
         barrier_timeout_s: float,
+        save_root: Path | None = None,
     ) -> None:
         self.index = index
+        self.save_root = save_root.resolve() if save_root is not None else None
         self.num_servers = num_servers
         self.num_workers = num_workers
         self.tables = tables
@@ -144,13 +146,10 @@ class ShardServer:
         return min(active) if active else math.inf
 
     def slowest(self) -> list[int]:
-        """The workers the held requests wait for."""
-        counts = [
-            (c, w) for w, (c, done) in enumerate(zip(self.received, self.finished, strict=True))
-        ]
-        active = [(c, w) for c, w in counts if not self.finished[w]]
-        low = min(c for c, _ in active) if active else 0
-        return [w for c, w in active if c == low]
+        """The workers still training with the fewest pushes: who held requests wait for."""
+        active = [w for w in range(self.num_workers) if not self.finished[w]]
+        low = min((self.received[w] for w in active), default=0)
+        return [w for w in active if self.received[w] == low]
 
     def _ready(self, header: Header) -> bool:
         applied = self.applied()
@@ -213,7 +212,12 @@ class ShardServer:
             while queue and self._ready(queue[0].message.header):
                 held = queue.popleft()
                 self.stats.held_s += now - held.since
-                replies.append(self._answer(held.message))
+                try:
+                    replies.append(self._answer(held.message))
+                except WireError as exc:  # answered with the error; the others still served
+                    self.stats.rejected += 1
+                    header = held.message.header
+                    replies.append(error_reply(self.index, header.sender, header, str(exc)))
         return replies
 
     # ------------------------------------------------------------ operations
@@ -323,7 +327,13 @@ class ShardServer:
         return state
 
     def _save(self, folder: str, clock: int) -> bytes:
-        """Write this shard into `folder` atomically; answer its file name and checksum."""
+        """Write this shard into `folder` atomically; answer its file name and checksum.
+
+        The folder comes from a message: it must lie inside the run directory, or a peer
+        could make the server write wherever it may."""
+        target = Path(folder).resolve()
+        if self.save_root is None or not target.is_relative_to(self.save_root):
+            raise WireError(f"refusing to save a shard outside the run directory: {folder}")
         buffer = io.BytesIO()
         torch.save(self.shard_state(clock), buffer)
         data = buffer.getvalue()

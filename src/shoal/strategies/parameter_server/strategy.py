@@ -168,6 +168,7 @@ class ParameterServerStrategy(Strategy):
             config.mode,
             config.staleness_bound,
             config.barrier_timeout_s,
+            ctx.paths.root,
         )
         if ctx.resume_from:
             from pathlib import Path
@@ -273,7 +274,7 @@ class ParameterServerStrategy(Strategy):
         def reduce(values: list[float]) -> list[float]:
             return all_reduce_sum(worker_ctx, values)
 
-        self.sync = ServerSync(self.client, reduce, self.config.num_workers)
+        self.sync = ServerSync(self.client, reduce, self.config.num_workers, self.ctx.is_main)
         return self.sync
 
     def make_learner(self, task: Task, model: nn.Module, sync: GradientSync) -> ServerLearner:
@@ -299,9 +300,6 @@ class ParameterServerStrategy(Strategy):
             f"parameter_server x{c.num_workers} workers, {c.num_servers} servers "
             f"({c.placement}, {c.sharding.kind} sharding, {c.mode}{bound}, {c.optimizer.kind})"
         )
-
-    def describe_servers(self) -> str:
-        return self.describe()
 
 
 def _widths(task: KGETask) -> tuple[int, int]:

@@ -19,7 +19,7 @@ import torch
 from torch import nn
 
 from shoal.checkpoint.manager import CheckpointManager
-from shoal.runtime.collectives import all_reduce_sum, barrier
+from shoal.runtime.collectives import all_reduce_max, all_reduce_sum, barrier
 from shoal.strategies.parameter_server.learner import ServerLearner
 from shoal.strategies.parameter_server.wire import Op
 from shoal.training.contracts import GradientSync
@@ -100,8 +100,9 @@ class ServerTrainer(Trainer):
             for key, count in stats["staleness"].items():
                 staleness[key] = staleness.get(key, 0) + count
         pulls, pushes, rows_pulled, rows_pushed, bytes_in, wait_s = totals
+        (peak,) = all_reduce_max(self.ctx, [float(client.held_bytes)])
         results["parameter_server"] = {
-            "servers": self.strategy.describe_servers(),
+            "servers": self.strategy.describe(),
             "mode": self.strategy.config.mode,
             "pulls": pulls,
             "pushes": pushes,
@@ -113,6 +114,6 @@ class ServerTrainer(Trainer):
             "server_held_s": [s["held_s"] for s in servers],
             "rejected_messages": sum(s["rejected"] for s in servers),
             "staleness_histogram": dict(sorted(staleness.items(), key=lambda kv: int(kv[0]))),
-            "worker_peak_row_bytes": client.held_bytes,
+            "worker_peak_row_bytes": int(peak),
         }
         return results

@@ -116,17 +116,6 @@ class Message:
     blob: bytes = b""
 
 
-def encode_blob(payload: Any) -> torch.Tensor:
-    data = json.dumps(payload).encode() if not isinstance(payload, bytes) else payload
-    if len(data) > MAX_BLOB:
-        raise WireError(f"a blob of {len(data)} bytes exceeds the bound of {MAX_BLOB}")
-    return (
-        torch.frombuffer(bytearray(data), dtype=torch.uint8)
-        if data
-        else torch.zeros(0, dtype=torch.uint8)
-    )
-
-
 def decode_json(blob: bytes) -> Any:
     try:
         return json.loads(blob.decode())
