@@ -34,9 +34,12 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from kge_vs_pykeen import pykeen_run, shoal_run
 
+PLACEMENT = {"placement": "dedicated"}
+
 
 def ps(workers: int, servers: int, mode: str, lr: float, kind: str = "lazy_adam") -> dict[str, Any]:
     return {
+        **PLACEMENT,
         "type": "parameter_server",
         "num_workers": workers,
         "num_servers": servers,
@@ -70,8 +73,10 @@ def main() -> None:
     parser.add_argument("--pykeen-rounds", type=int, default=2)
     parser.add_argument("--dglke", action="store_true")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--placement", choices=("dedicated", "colocated"), default="dedicated")
     parser.add_argument("--out", type=Path, default=None, help="write every figure as JSON")
     cli = parser.parse_args()
+    PLACEMENT["placement"] = cli.placement
     # the settings kge_vs_pykeen.py uses for both contenders
     args = argparse.Namespace(
         dim=200,

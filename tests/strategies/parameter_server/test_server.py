@@ -161,3 +161,18 @@ def test_row_optimizers_match_their_definitions() -> None:
         reference.grad = torch.sparse_coo_tensor(index[None], g, (3, 4), check_invariants=True)
         sparse_adam.step()
     assert torch.allclose(table, reference.detach(), atol=1e-6)
+
+
+def test_a_colocated_worker_gets_each_reply_whatever_order_it_waits_in() -> None:
+    """A prefetched pull may still be in flight when the worker asks for statistics."""
+    from shoal.strategies.parameter_server.server import Reply
+    from shoal.strategies.parameter_server.transport import LocalChannel
+
+    channel = LocalChannel(worker=0)
+    for seq in (41, 42):
+        channel.replies.put(Reply(0, Header(Op.REPLY, 0, 0, seq=seq)))
+    first = channel.reply_to(42, timeout_s=1.0)
+    second = channel.reply_to(41, timeout_s=1.0)
+    assert first is not None and first.header.seq == 42
+    assert second is not None and second.header.seq == 41
+    assert channel.reply_to(43, timeout_s=0.05) is None

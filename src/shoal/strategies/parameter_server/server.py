@@ -273,9 +273,12 @@ class ShardServer:
             all_ids = torch.cat(ids)
             if not len(all_ids):
                 continue
-            unique, inverse = torch.unique(all_ids, return_inverse=True)
-            summed = torch.zeros(len(unique), shard.width)
-            summed.index_add_(0, inverse, torch.cat(grads))
+            if len(messages) == 1:  # one worker's push: its ids are unique already
+                unique, summed = all_ids, grads[0]
+            else:
+                unique, inverse = torch.unique(all_ids, return_inverse=True)
+                summed = torch.zeros(len(unique), shard.width)
+                summed.index_add_(0, inverse, torch.cat(grads))
             self.optimizer.apply(shard.rows, shard.state, shard.positions(unique, name), summed)
         self.stats.apply_s += time.perf_counter() - started
 

@@ -241,11 +241,27 @@ class ServerEndpoint:
 # ---------------------------------------------------------------- worker side
 @dataclass
 class LocalChannel:
-    """The queues between a co-located worker and the server thread in its process."""
+    """The queues between a co-located worker and the server thread in its process.
+
+    Replies arrive in request order, but a worker may wait for a later one first (a
+    statistics request while a prefetched pull is in flight): each is matched to its
+    request by sequence number, and the ones not waited for yet are kept aside.
+    """
 
     worker: int
     inbox: queue.Queue[Any] | None = None
     replies: queue.Queue[Reply] = field(default_factory=queue.Queue)
+    _early: dict[int, Reply] = field(default_factory=dict)
+
+    def reply_to(self, seq: int, timeout_s: float) -> Reply | None:
+        deadline = time.monotonic() + timeout_s
+        while seq not in self._early:
+            try:
+                reply = self.replies.get(timeout=max(0.0, deadline - time.monotonic()))
+            except queue.Empty:
+                return None
+            self._early[reply.header.seq] = reply
+        return self._early.pop(seq)
 
 
 class PendingReply:
@@ -389,13 +405,13 @@ class LocalLink(Link):
         self._put(message)
 
         def wait_reply(timeout_s: float) -> Reply:
-            try:
-                return self.channel.replies.get(timeout=timeout_s)
-            except queue.Empty:
+            reply = self.channel.reply_to(header.seq, timeout_s)
+            if reply is None:
                 raise PeerTimeout(
                     f"server {self.server} (in this process) did not answer "
                     f"{header.op.name.lower()} for clock {header.clock} within {timeout_s:g} s"
-                ) from None
+                )
+            return reply
 
         return PendingReply(self, header, wait_reply)
 
