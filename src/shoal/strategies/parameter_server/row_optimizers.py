@@ -77,13 +77,16 @@ class LazyAdam(RowOptimizer):
     ) -> None:
         assert isinstance(self.config, LazyAdamConfig)
         beta1, beta2 = self.config.betas
-        m = state["m"][index].mul_(beta1).add_(grad, alpha=1 - beta1)
+        m = state["m"][index].lerp_(grad, 1 - beta1)  # beta1 m + (1 - beta1) g
         v = state["v"][index].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step = state["step"][index] + 1
-        state["m"][index], state["v"][index], state["step"][index] = m, v, step
-        m_hat = m / (1 - beta1**step)[:, None]
-        v_hat = v / (1 - beta2**step)[:, None]
-        table.index_add_(0, index, m_hat / (v_hat.sqrt() + self.config.eps), alpha=-self.lr)
+        step = state["step"][index].add_(1)
+        state["m"].index_copy_(0, index, m)
+        state["v"].index_copy_(0, index, v)
+        state["step"].index_copy_(0, index, step)
+        # m_hat / (sqrt(v_hat) + eps), in place on the gathered copies (already stored)
+        denominator = v.mul_((1 / (1 - beta2**step))[:, None]).sqrt_().add_(self.config.eps)
+        update = m.mul_((1 / (1 - beta1**step))[:, None]).div_(denominator)
+        table.index_add_(0, index, update, alpha=-self.lr)
 
 
 def build_row_optimizer(config: RowOptimizerConfig) -> RowOptimizer:
