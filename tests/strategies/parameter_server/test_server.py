@@ -151,16 +151,18 @@ def test_row_optimizers_match_their_definitions() -> None:
         expected -= 0.1 * g / (total.sqrt()[:, None] + 1e-10)
     assert torch.allclose(table[index], expected, atol=1e-6)
     assert torch.equal(table[1], torch.zeros(4))
-    # lazy adam on rows pushed every step equals torch's SparseAdam
+    # lazy adam equals torch's SparseAdam, also for a row left out of a step
     lazy = build_row_optimizer(LazyAdamConfig(lr=0.01))
     table, state = torch.zeros(3, 4), lazy.new_state(3, 4)
     reference = torch.nn.Parameter(torch.zeros(3, 4))
     sparse_adam = torch.optim.SparseAdam([reference], lr=0.01)
-    for g in grads:
-        lazy.apply(table, state, index, g)
-        reference.grad = torch.sparse_coo_tensor(index[None], g, (3, 4), check_invariants=True)
+    for step, g in enumerate(grads):
+        rows, values = (index, g) if step != 1 else (index[:1], g[:1])
+        lazy.apply(table, state, rows, values)
+        reference.grad = torch.sparse_coo_tensor(rows[None], values, (3, 4), check_invariants=True)
         sparse_adam.step()
     assert torch.allclose(table, reference.detach(), atol=1e-6)
+    assert state["step"].tolist() == [3.0, 0.0, 3.0]
 
 
 def test_a_colocated_worker_gets_each_reply_whatever_order_it_waits_in() -> None:

@@ -59,7 +59,16 @@ class RowAdagrad(RowOptimizer):
 
 
 class LazyAdam(RowOptimizer):
-    """Adam whose moments and bias correction advance per row, only when it is pushed."""
+    """Lazy Adam (torch's SparseAdam, TensorFlow's LazyAdam): a row's moments change only
+    when it is pushed; the bias correction follows the table's update count t, as there.
+
+    Each row keeps the t of its last update (`step`), so a checkpoint, and a re-sharded
+    resume, carry t along: a shard's t is the largest it holds.
+    """
+
+    def __init__(self, config: RowOptimizerConfig) -> None:
+        super().__init__(config)
+        self._updates: dict[int, float] = {}  # per table (its `step` tensor): updates so far
 
     def new_state(self, rows: int, width: int) -> dict[str, torch.Tensor]:
         return {
@@ -77,15 +86,18 @@ class LazyAdam(RowOptimizer):
     ) -> None:
         assert isinstance(self.config, LazyAdamConfig)
         beta1, beta2 = self.config.betas
+        key = id(state["step"])
+        if key not in self._updates:  # first update of this table (or after a resume)
+            self._updates[key] = float(state["step"].max()) if len(state["step"]) else 0.0
+        t = self._updates[key] = self._updates[key] + 1
         m = state["m"][index].lerp_(grad, 1 - beta1)  # beta1 m + (1 - beta1) g
         v = state["v"][index].mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
-        step = state["step"][index].add_(1)
         state["m"].index_copy_(0, index, m)
         state["v"].index_copy_(0, index, v)
-        state["step"].index_copy_(0, index, step)
+        state["step"].index_fill_(0, index, t)
         # m_hat / (sqrt(v_hat) + eps), in place on the gathered copies (already stored)
-        denominator = v.mul_((1 / (1 - beta2**step))[:, None]).sqrt_().add_(self.config.eps)
-        update = m.mul_((1 / (1 - beta1**step))[:, None]).div_(denominator)
+        denominator = v.div_(1 - beta2**t).sqrt_().add_(self.config.eps)
+        update = m.div_(1 - beta1**t).div_(denominator)
         table.index_add_(0, index, update, alpha=-self.lr)
 
 

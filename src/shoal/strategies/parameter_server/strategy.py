@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import threading
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -36,6 +37,7 @@ from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
 from shoal.strategies.parameter_server.server import ShardServer
 from shoal.strategies.parameter_server.sharding import table_owners
 from shoal.strategies.parameter_server.shards import build_shard, load_shards
+from shoal.strategies.parameter_server.trainer import ServerTrainer
 from shoal.strategies.parameter_server.transport import (
     Link,
     LocalChannel,
@@ -134,8 +136,6 @@ class ParameterServerStrategy(Strategy):
         self._start_worker(channel)
         worker_ctx = dataclasses.replace(ctx, world_size=config.num_workers, group=workers_group)
         task.ctx = worker_ctx
-        from shoal.strategies.parameter_server.trainer import ServerTrainer
-
         results = ServerTrainer(worker_ctx, task, self).fit()
         self.client.bye()
         if thread is not None:
@@ -171,8 +171,6 @@ class ParameterServerStrategy(Strategy):
             ctx.paths.root,
         )
         if ctx.resume_from:
-            from pathlib import Path
-
             shard.resume_at(
                 load_shards(Path(ctx.resume_from), server, config.num_servers, tables, ctx.log)
             )
