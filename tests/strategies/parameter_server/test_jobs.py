@@ -63,24 +63,51 @@ def ps_tables(results: dict[str, Any]) -> dict[str, torch.Tensor]:
     return {name: torch.stack([rows[i] for i in sorted(rows)]) for name, rows in tables.items()}
 
 
-@pytest.fixture(scope="module")
-def local_run(tmp_path_factory: pytest.TempPathFactory, graph: dict[str, str]) -> dict[str, Any]:
-    return shoal.train(job(tmp_path_factory.mktemp("local"), graph, "local", train=DROP_LAST))
-
-
 DROP_LAST = {"drop_last": True}
+#: server optimizer -> (local optimizer, local task settings) that it must reproduce
+EQUIVALENT: dict[str, tuple[dict[str, Any], dict[str, Any], dict[str, Any]]] = {
+    "sgd": (SGD, {}, SGD),
+    "lazy_adam": (
+        {"kind": "sparse_adam", "lr": 0.01},
+        {"sparse_gradients": True},
+        {"kind": "lazy_adam", "lr": 0.01},
+    ),
+}
 
 
-@pytest.mark.parametrize("placement", ["dedicated", "colocated"])
-def test_sync_reproduces_one_process_with_sgd(
-    runs: Path, graph: dict[str, str], local_run: dict[str, Any], placement: str
+@pytest.fixture(scope="module")
+def local_runs(
+    tmp_path_factory: pytest.TempPathFactory, graph: dict[str, str]
+) -> dict[str, dict[str, Any]]:
+    runs = tmp_path_factory.mktemp("local")
+    return {
+        name: shoal.train(
+            job(runs, graph, name, train={**DROP_LAST, "optimizer": local}, task=task)
+        )
+        for name, (local, task, _) in EQUIVALENT.items()
+    }
+
+
+@pytest.mark.parametrize(
+    ("optimizer", "placement"),
+    [("sgd", "dedicated"), ("sgd", "colocated"), ("lazy_adam", "dedicated")],
+)
+def test_sync_reproduces_one_process(
+    runs: Path,
+    graph: dict[str, str],
+    local_runs: dict[str, dict[str, Any]],
+    optimizer: str,
+    placement: str,
 ) -> None:
-    """2 workers x 2 servers in sync mode == `local` on the same global batches (SGD).
+    """2 workers x 2 servers in sync mode == `local` on the same global batches: SGD, and
+    the servers' lazy Adam == torch's SparseAdam on sparse row gradients.
 
     drop_last: a short last batch would split into shares that chunked negative sampling
     keys differently from the whole batch (as under data_parallel)."""
-    local = local_run
-    served = shoal.train(job(runs, graph, "ps", strategy=ps(placement=placement), train=DROP_LAST))
+    local = local_runs[optimizer]
+    _, _, server_optimizer = EQUIVALENT[optimizer]
+    strategy = ps(placement=placement, optimizer=server_optimizer)
+    served = shoal.train(job(runs, graph, "ps", strategy=strategy, train=DROP_LAST))
     assert served["steps"] == local["steps"] == 12
     model = final_state(local)["model"]
     tables = ps_tables(served)

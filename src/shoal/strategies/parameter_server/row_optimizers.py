@@ -8,6 +8,8 @@ the update), so an index assignment never races with itself.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 from shoal.strategies.parameter_server.config import (
@@ -95,10 +97,10 @@ class LazyAdam(RowOptimizer):
         state["m"].index_copy_(0, index, m)
         state["v"].index_copy_(0, index, v)
         state["step"].index_fill_(0, index, t)
-        # m_hat / (sqrt(v_hat) + eps), in place on the gathered copies (already stored)
-        denominator = v.div_(1 - beta2**t).sqrt_().add_(self.config.eps)
-        update = m.div_(1 - beta1**t).div_(denominator)
-        table.index_add_(0, index, update, alpha=-self.lr)
+        # SparseAdam's form: lr sqrt(1 - beta2^t) / (1 - beta1^t) * m / (sqrt(v) + eps),
+        # in place on the gathered copies (already stored)
+        step_size = self.lr * math.sqrt(1 - beta2**t) / (1 - beta1**t)
+        table.index_add_(0, index, m.div_(v.sqrt_().add_(self.config.eps)), alpha=-step_size)
 
 
 def build_row_optimizer(config: RowOptimizerConfig) -> RowOptimizer:
