@@ -14,14 +14,14 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-
-import matplotlib
-from matplotlib.axes import Axes
-from matplotlib.figure import Figure
+from typing import TYPE_CHECKING
 
 from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.strategies.population.config import Distribution, LogRange
 from shoal.strategies.population.lineage import Generation
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
 
 PLOT_FILE = "population.svg"
 FOLLOW_INTERVAL_S = 60.0  # while training, redraw at most this often (a drawing costs ~0.5 s)
@@ -74,6 +74,10 @@ def _draw(axes: Axes, history: Sequence[Generation], value: Value, stepped: bool
 
 def render(history: Sequence[Generation], metric: str, space: Mapping[str, Distribution]) -> bytes:
     """The SVG of the population's scores and hyperparameters over training."""
+    # imported here: every worker imports the strategies, only population_based's rank 0 draws
+    import matplotlib
+    from matplotlib.figure import Figure
+
     names = sorted(space)
     figure = Figure(figsize=(9.0, 2.4 * (1 + len(names)) + 0.6), layout="constrained")
     panels = figure.subplots(1 + len(names), 1, sharex=True, squeeze=False)[:, 0]
