@@ -36,6 +36,7 @@ from shoal.runtime.rng import restore_rng, seed_everything, worker_seed
 from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan, steps_per_epoch
 from shoal.training.contracts import GradientSync, TrainingStrategy
+from shoal.training.evaluation import evaluate_splits
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.learner import Learner
 from shoal.training.meter import IntervalMeter
@@ -209,23 +210,17 @@ class Trainer:
 
     def _evaluate(self) -> None:
         p = self.progress
-        for split in self.task.eval_splits():
-            metrics = self.task.evaluate(self.learner.model, split)
-            if not metrics:
-                continue
-            self.last_eval[split] = metrics
-            self.metrics.write(
-                {
-                    "event": "eval",
-                    "split": split,
-                    "step": p.global_step,
-                    "epoch": p.epoch,
-                    **metrics,
-                }
-            )
-            shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-            self.reporter.note(f"step {p.global_step} epoch {p.epoch} {split}: {shown}")
-            self.ctx.log.info("eval %s at step %d: %s", split, p.global_step, shown)
+        evaluate_splits(
+            self.task,
+            self.learner.model,
+            self.task.eval_splits(),
+            event={"event": "eval", "step": p.global_step, "epoch": p.epoch},
+            label=f"step {p.global_step} epoch {p.epoch}",
+            metrics=self.metrics,
+            reporter=self.reporter,
+            log=self.ctx.log,
+            into=self.last_eval,
+        )
         self._evaluated_step = p.global_step
         self._track_best()
 
@@ -271,16 +266,18 @@ class Trainer:
             self._best_state = self._load_best_state()
         if self._best_state is not None:
             model.load_state_dict(self._best_state)
-        for split in self.task.test_splits():
-            metrics = self.task.evaluate(model, split)
-            if not metrics:
-                continue
-            self.last_eval[split] = metrics
-            step = p.best_step if self._best_state is not None else p.global_step
-            self.metrics.write({"event": "test", "split": split, "model_step": step, **metrics})
-            shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-            self.reporter.note(f"{split} (model of step {step}): {shown}")
-            self.ctx.log.info("%s split, model of step %d: %s", split, step, shown)
+        step = p.best_step if self._best_state is not None else p.global_step
+        evaluate_splits(
+            self.task,
+            model,
+            self.task.test_splits(),
+            event={"event": "test", "model_step": step},
+            label=f"model of step {step},",
+            metrics=self.metrics,
+            reporter=self.reporter,
+            log=self.ctx.log,
+            into=self.last_eval,
+        )
         self.task.save_artifacts(model)
 
     def _load_best_state(self) -> dict[str, torch.Tensor] | None:

@@ -87,8 +87,9 @@ def test_queries_match_the_score_from_both_sides(name: str) -> None:
     torch.testing.assert_close(model.match_rows(model.head_query(t, r), h), score)
     pairs = model.match(model.tail_query(h, r), t)
     torch.testing.assert_close(torch.diagonal(pairs), score)
-    blocked = model.score_all(model.tail_query(h, r), t, block_elements=2)
-    torch.testing.assert_close(blocked, pairs)
+    for block_elements in (2, 5 * h.shape[-1]):  # blocks of 1 candidate; of 2, 2 and 1
+        blocked = model.score_all(model.tail_query(h, r), t, block_elements=block_elements)
+        torch.testing.assert_close(blocked, pairs.detach())
     each = model.match_each(model.tail_query(h, r), t.unsqueeze(0).expand(5, 5, -1))
     torch.testing.assert_close(each, pairs)
     side = torch.tensor([True, False, True, False, False])

@@ -12,6 +12,7 @@ update of client i after its local work, n_i its number of samples.
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from typing import Any
 
 import torch
@@ -86,7 +87,7 @@ class FedProx(FedAvg):
         return ProximalGradientSync(model, global_params, self.config.mu)
 
 
-class FedOpt(FedAvg):
+class FedOpt(FedAvg, ABC):
     """A server optimizer on the FedAvg update (Reddi et al., ICLR 2021, Algorithm 2).
 
     Delta_t is FedAvg's averaged update (a negative pseudo-gradient). Then
@@ -103,8 +104,9 @@ class FedOpt(FedAvg):
         self.m = torch.zeros(size, dtype=torch.float32)
         self.v = torch.full((size,), config.tau**2, dtype=torch.float32)
 
+    @abstractmethod
     def second_moment(self, v: torch.Tensor, delta_sq: torch.Tensor) -> torch.Tensor:
-        raise NotImplementedError
+        """v_t from v_{t-1} and the squared pseudo-gradient: what tells the variants apart."""
 
     def server_step(self, x: torch.Tensor, delta: torch.Tensor) -> None:
         c = self.config

@@ -48,6 +48,7 @@ from shoal.strategies.federated.vector import ModelVector
 from shoal.strategies.federated.wire import Wire
 from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync, LocalGradientSync
+from shoal.training.evaluation import evaluate_splits
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.optim import build_optimizer
 
@@ -379,23 +380,17 @@ class FederatedStrategy(Strategy):
             self.ctx.log.info("round %d: dropped %s", rnd, dropped)
 
     def _evaluate(self) -> None:
-        for split in self.task.eval_splits():
-            metrics = self.task.evaluate(self.model, split)
-            if not metrics:
-                continue
-            self.last_eval[split] = metrics
-            self.metrics.write(
-                {
-                    "event": "eval",
-                    "split": split,
-                    "round": self.completed,
-                    "step": self.completed,
-                    **metrics,
-                }
-            )
-            shown = "  ".join(f"{k} {v:.4f}" for k, v in metrics.items())
-            self.reporter.note(f"round {self.completed} {split}: {shown}")
-            self.ctx.log.info("eval %s after round %d: %s", split, self.completed, shown)
+        evaluate_splits(
+            self.task,
+            self.model,
+            self.task.eval_splits(),
+            event={"event": "eval", "round": self.completed, "step": self.completed},
+            label=f"round {self.completed}",
+            metrics=self.metrics,
+            reporter=self.reporter,
+            log=self.ctx.log,
+            into=self.last_eval,
+        )
 
     # ---------------------------------------------------------------- checkpoints
     def _save(self) -> None:

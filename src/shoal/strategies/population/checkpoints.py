@@ -18,7 +18,6 @@ from shoal.checkpoint.manager import load_checkpoint
 from shoal.config import dump_config
 from shoal.errors import ShoalError
 from shoal.strategies.population.lineage import Generation
-from shoal.strategies.population.plot import PLOT_FILE, write_plot
 from shoal.strategies.population.transfer import recv_tree, send_tree
 
 if TYPE_CHECKING:
@@ -80,8 +79,7 @@ def save(trainer: PopulationTrainer) -> None:
             }
         )
         ctx.log.info("checkpoint written: %s", path)
-        # the plot follows the run, so a long or crashed run can be looked at
-        write_plot(ctx.paths.root / PLOT_FILE, trainer.history, trainer.metric, trainer.space)
+        trainer.plot.follow(trainer.history)
 
 
 def restore(trainer: PopulationTrainer, path: Path) -> None:

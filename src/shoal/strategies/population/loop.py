@@ -51,6 +51,7 @@ from shoal.strategies.population.operators import (
     fitness,
     stream,
 )
+from shoal.strategies.population.plot import PLOT_FILE, PlotFollower
 from shoal.strategies.population.reporting import log_generation
 from shoal.strategies.population.results import population_results
 from shoal.strategies.population.space import Hyperparameters, sample_all
@@ -107,6 +108,7 @@ class PopulationTrainer:
         # exchanges (results, exploit copies) and checkpoints as this worker spent them
         self.times = {"compute": 0.0, "evaluation": 0.0, "communication": 0.0, "checkpoint": 0.0}
         self.last_checkpoint: Path | None = None
+        self.plot = PlotFollower(ctx.paths.root / PLOT_FILE, self.metric, self.space)
         self._fault_fired = False
 
     # ------------------------------------------------------------ setup

@@ -8,7 +8,6 @@ from typing import TYPE_CHECKING, Any
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.strategies.population.lineage import schedule
 from shoal.strategies.population.operators import fitness
-from shoal.strategies.population.plot import PLOT_FILE, write_plot
 
 if TYPE_CHECKING:
     from shoal.strategies.population.loop import PopulationTrainer
@@ -63,10 +62,10 @@ def population_results(trainer: PopulationTrainer, wall_s: float) -> dict[str, A
         "train": {"loss": record.train_loss},
         trainer.config.split: record.metrics,
         "checkpoint": checkpoint,
-        "plot": str(ctx.paths.root / PLOT_FILE),
+        "plot": str(trainer.plot.path),
     }
     if ctx.is_main:
-        write_plot(ctx.paths.root / PLOT_FILE, history, trainer.metric, trainer.space)
+        trainer.plot.write(history)
         atomic_write_json(ctx.paths.results, _finite(results))
     return results
 
