@@ -24,6 +24,7 @@ import logging
 import queue
 import threading
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -284,22 +285,24 @@ class PendingReply:
         return reply
 
 
-class Link:
-    """A worker's connection to one server."""
+class Link(ABC):
+    """A worker's connection to one server: over gloo (`RemoteLink`) or in-process (`LocalLink`)."""
 
     server: int
     rank: int
     sent_bytes: int = 0
 
+    @abstractmethod
     def request(
         self, header: Header, ids: torch.Tensor | None, blob: bytes, reply_values: int
     ) -> PendingReply:
-        raise NotImplementedError
+        """Send a request that is answered; its reply is collected from the PendingReply."""
 
+    @abstractmethod
     def send(self, header: Header, ids: torch.Tensor | None, values: torch.Tensor | None) -> None:
-        raise NotImplementedError
+        """Send a message that gets no reply (a push)."""
 
-    def flush(self, timeout_s: float) -> None:
+    def flush(self, timeout_s: float) -> None:  # noqa: B027 - optional: in-process links send at once
         """Wait until every send so far has left (their buffers may then be reused)."""
 
 
