@@ -23,10 +23,16 @@ from shoal.launch.process_group import loopback_interface
 TIMEOUT_S = 60.0
 
 
-def run_in_group(world_size: int, fn: Callable[..., None], tmp_path: Path, *args: Any) -> None:
-    """Call `fn(rank, world_size, *args)` in `world_size` processes of one gloo group."""
+def run_in_group(world_size: int, fn: Callable[..., None], tmp_path: Path, *args: Any) -> list[int]:
+    """Call `fn(rank, world_size, *args)` in `world_size` processes of one gloo group.
+
+    `fn` asserts inside its process (a failed assertion there fails the spawn here);
+    returns the ranks whose `fn` returned, so a test can also assert that every rank
+    ran to the end.
+    """
     store = tmp_path / f"store-{world_size}-{fn.__name__}"
     mp.spawn(_entry, args=(world_size, fn, str(store), args), nprocs=world_size, join=True)
+    return sorted(int(p.suffix[1:]) for p in tmp_path.glob(f"{store.name}.done.*"))
 
 
 def _entry(
@@ -45,6 +51,7 @@ def _entry(
         timeout=datetime.timedelta(seconds=TIMEOUT_S),
     )
     fn(rank, world_size, *args)
+    Path(f"{store_path}.done.{rank}").touch()
     dist.barrier()
     dist.destroy_process_group()
     sys.stdout.flush()

@@ -40,4 +40,4 @@ def _silent_peer(rank: int, world_size: int) -> None:
 
 
 def test_a_silent_peer_is_named_within_the_timeout(tmp_path: Path) -> None:
-    run_in_group(2, _silent_peer, tmp_path)
+    assert run_in_group(2, _silent_peer, tmp_path) == [0, 1]

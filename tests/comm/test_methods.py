@@ -131,7 +131,7 @@ def _exact_methods(rank: int, world_size: int) -> None:
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
 def test_every_method_equals_the_exact_mean(tmp_path: Path, world_size: int) -> None:
-    run_in_group(world_size, _exact_methods, tmp_path)
+    assert run_in_group(world_size, _exact_methods, tmp_path) == list(range(world_size))
 
 
 def test_the_families_are_covered() -> None:
