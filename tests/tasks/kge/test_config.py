@@ -41,7 +41,7 @@ TRAIN = "\n[train]\nepochs = 1\nbatch_size = 8\n"
         (
             'model = "distmult"\ndata = { name = "nations" }\nloss = { kind = "hinge" }\n',
             "bad.toml:5: task.loss.kind: unknown value 'hinge'; choose one of: margin_ranking, "
-            "logistic, softmax",
+            "logistic, softmax, bce",
         ),
     ],
 )

@@ -8,12 +8,15 @@ import pytest
 import torch
 
 from shoal.tasks.kge.config import (
+    DistMultConfig,
     LogisticLossConfig,
     MarginRankingLossConfig,
     RegularizationConfig,
     SoftmaxLossConfig,
 )
-from shoal.tasks.kge.losses import kge_loss, penalty
+from shoal.tasks.kge.losses import penalty
+from shoal.tasks.kge.losses import sampled_loss as kge_loss
+from shoal.tasks.kge.models import build_kge_model
 
 POS = torch.tensor([1.0])
 NEG = torch.tensor([[0.5, 2.0]])
@@ -52,7 +55,11 @@ def test_softmax_cross_entropy() -> None:
 
 
 def test_l2_and_n3_penalties() -> None:
-    rows = [torch.tensor([[1.0, -2.0]]), torch.tensor([[3.0]]), torch.tensor([[0.0]])]
-    assert penalty(RegularizationConfig(kind="l2", weight=0.1), rows).item() == pytest.approx(1.4)
-    assert penalty(RegularizationConfig(kind="n3", weight=0.1), rows).item() == pytest.approx(3.6)
-    assert penalty(None, rows).item() == 0.0
+    model = build_kge_model(DistMultConfig(), 3, 2, 2, gamma=0.0)
+    entities = [torch.tensor([[1.0, -2.0]]), torch.tensor([[0.0]])]
+    relations = [torch.tensor([[3.0]])]
+    l2 = RegularizationConfig(kind="l2", weight=0.1)
+    n3 = RegularizationConfig(kind="n3", weight=0.1)
+    assert penalty(l2, model, entities, relations).item() == pytest.approx(1.4)
+    assert penalty(n3, model, entities, relations).item() == pytest.approx(3.6)
+    assert penalty(None, model, entities, relations).item() == 0.0

@@ -95,7 +95,7 @@ def test_queries_match_the_score_from_both_sides(name: str) -> None:
     side = torch.tensor([True, False, True, False, False])
     anchor = torch.where(side[:, None], t, h)
     target = torch.where(side[:, None], h, t)
-    torch.testing.assert_close(model.match_rows(model.query(anchor, r, side), target), score)
+    torch.testing.assert_close(model.match_rows(model.queries(anchor, r, side), target), score)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))

@@ -18,6 +18,13 @@ h o r vs t, or t o conj(r) vs h since |r| = 1; ComplEx: h o r vs t, or
 conj(r) o t vs h), so one positive's own score, its shared negatives and a
 ranking against all entities use the same `match`: a matrix product for the
 bilinear models, a pairwise distance for the translational ones.
+
+Options every model takes (`ModelOptions`): reciprocal relations give the
+relation table a second half, row r + R for relation r read backwards, and every
+head query (?, r, t) becomes the tail query (t, r^-1, ?) (`relation_ids` and
+`queries` say which rows and which query a side uses); embedding dropout applies
+to rows as a score uses them, only in training mode; `init` replaces the paper's
+initialisation of the tables.
 """
 
 from __future__ import annotations
@@ -32,12 +39,17 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.registry import Registry
-from shoal.tasks.kge.config import (
+from shoal.tasks.kge.model_config import (
     ComplExConfig,
     DistMultConfig,
+    InitConfig,
     KGEModelConfig,
+    ModelOptions,
+    NormalInit,
     RotatEConfig,
     TransEConfig,
+    UniformInit,
+    XavierUniformInit,
 )
 
 _TINY = 1e-30  # below this a squared modulus is clamped: sqrt stays differentiable at 0
@@ -68,17 +80,48 @@ class RowSource(Protocol):
         ...
 
 
+def initialize_table(table: torch.Tensor, init: InitConfig) -> None:
+    """Fill `table` (rows x width) in place as `init` says (torch.nn.init, as LibKGE calls it)."""
+    with torch.no_grad():
+        if isinstance(init, UniformInit):
+            nn.init.uniform_(table, init.a, init.b)
+        elif isinstance(init, NormalInit):
+            nn.init.normal_(table, init.mean, init.std)
+        elif isinstance(init, XavierUniformInit):
+            nn.init.xavier_uniform_(table, gain=init.gain)
+        else:
+            nn.init.xavier_normal_(table, gain=init.gain)
+
+
 class KGEModel(nn.Module, ABC):
-    """Entity and relation tables and a score function defined on their rows."""
+    """Entity and relation tables and a score function defined on their rows.
+
+    `num_relations` counts the data's relations; with reciprocal relations the
+    relation table has twice as many rows (`relation_rows`).
+    """
 
     def __init__(
-        self, num_entities: int, num_relations: int, entity_width: int, relation_width: int
+        self,
+        num_entities: int,
+        num_relations: int,
+        entity_width: int,
+        relation_width: int,
+        options: ModelOptions,
     ) -> None:
         super().__init__()
+        self.num_relations = num_relations
+        self.reciprocal = options.reciprocal
+        self.entity_dropout = options.entity_dropout
+        self.relation_dropout = options.relation_dropout
         self.entity = nn.Embedding(num_entities, entity_width)
-        self.relation = nn.Embedding(num_relations, relation_width)
+        self.relation = nn.Embedding(relation_table_rows(num_relations, options), relation_width)
         self.sparse = False  # set by the task: gathers then give sparse row gradients
         self.served: RowSource | None = None
+
+    def initialize(self, init: InitConfig) -> None:
+        """Replace the paper's initialisation of both tables by `init`."""
+        initialize_table(self.entity.weight, init)
+        initialize_table(self.relation.weight, init)
 
     def serve_tables(self, source: RowSource) -> None:
         """Read rows from `source` from now on and drop the local tables (a parameter-server
@@ -107,6 +150,42 @@ class KGEModel(nn.Module, ABC):
         """Every entity row as scored: the candidates of a ranking."""
         return self.prepare_entities(self.entity.weight)
 
+    # ------------------------------------------------------------ sides and options
+    def relation_ids(self, relations: torch.Tensor, head: bool | torch.Tensor) -> torch.Tensor:
+        """The relation rows a query of side `head` reads: r, or r + R (its reciprocal) for a
+        head query when relations are reciprocal. `head` is one side or one per query."""
+        if not self.reciprocal:
+            return relations
+        if isinstance(head, bool):
+            return relations + self.num_relations if head else relations
+        return relations + head.long() * self.num_relations
+
+    def queries(
+        self, anchor: torch.Tensor, relation: torch.Tensor, head: bool | torch.Tensor
+    ) -> torch.Tensor:
+        """What the candidates of side `head` are matched against, from the anchor's rows and
+        the rows `relation_ids` named: head queries are tail queries of the reciprocal."""
+        if self.reciprocal or head is False:
+            return self.tail_query(anchor, relation)
+        if head is True:
+            return self.head_query(anchor, relation)
+        assert isinstance(head, torch.Tensor)
+        return torch.where(
+            head[:, None], self.head_query(anchor, relation), self.tail_query(anchor, relation)
+        )
+
+    def drop_entities(self, rows: torch.Tensor) -> torch.Tensor:
+        """Entity dropout (training only)."""
+        if self.entity_dropout > 0 and self.training:
+            return F.dropout(rows, self.entity_dropout, training=True)
+        return rows
+
+    def drop_relations(self, rows: torch.Tensor) -> torch.Tensor:
+        """Relation dropout (training only)."""
+        if self.relation_dropout > 0 and self.training:
+            return F.dropout(rows, self.relation_dropout, training=True)
+        return rows
+
     # ------------------------------------------------------------ the maths (on rows)
     @abstractmethod
     def tail_query(self, head: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
@@ -131,25 +210,14 @@ class KGEModel(nn.Module, ABC):
         """
         return self.match_rows(queries.unsqueeze(-2), candidates)
 
-    def query(
-        self, anchor: torch.Tensor, relation: torch.Tensor, corrupt_head: torch.Tensor
-    ) -> torch.Tensor:
-        """Per triple: the head query where `corrupt_head` (anchor = tail), else the tail query."""
-        return torch.where(
-            corrupt_head[:, None],
-            self.head_query(anchor, relation),
-            self.tail_query(anchor, relation),
-        )
-
     def score(self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
         """The score of each triple, from rows (higher = more plausible)."""
         return self.match_rows(self.tail_query(head, relation), tail)
 
-    def magnitudes(
-        self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor
-    ) -> list[torch.Tensor]:
-        """The numbers an L2 or N3 penalty acts on (complex models: moduli)."""
-        return [head, relation, tail]
+    def magnitudes(self, rows: torch.Tensor, table: str) -> torch.Tensor | None:
+        """The numbers an N3 penalty acts on in rows of `table` ("entity" or "relation"):
+        the entries, or the moduli of complex numbers; None: nothing to penalise."""
+        return rows
 
     # ------------------------------------------------------------ evaluation
     def score_all(
@@ -178,7 +246,7 @@ class TransE(KGEModel):
     def __init__(
         self, config: TransEConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
-        super().__init__(num_entities, num_relations, dim, dim)
+        super().__init__(num_entities, num_relations, dim, dim, config)
         self.p = config.p
         self.normalize = config.normalize_entities
         bound = 6.0 / math.sqrt(dim) * config.init_scale
@@ -226,7 +294,7 @@ class DistMult(KGEModel):
     def __init__(
         self, config: DistMultConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
-        super().__init__(num_entities, num_relations, dim, dim)
+        super().__init__(num_entities, num_relations, dim, dim, config)
         bound = math.sqrt(6.0 / (2 * dim)) * config.init_scale
         nn.init.uniform_(self.entity.weight, -bound, bound)
         nn.init.uniform_(self.relation.weight, -bound, bound)
@@ -255,7 +323,7 @@ class ComplEx(DistMult):
     def __init__(
         self, config: ComplExConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
-        KGEModel.__init__(self, num_entities, num_relations, dim, dim)
+        KGEModel.__init__(self, num_entities, num_relations, dim, dim, config)
         nn.init.normal_(self.entity.weight, std=config.init_scale)
         nn.init.normal_(self.relation.weight, std=config.init_scale)
 
@@ -269,10 +337,8 @@ class ComplEx(DistMult):
         r_re, r_im = _halves(relation)  # conj(r) o t
         return torch.cat([r_re * t_re + r_im * t_im, r_re * t_im - r_im * t_re], dim=-1)
 
-    def magnitudes(
-        self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor
-    ) -> list[torch.Tensor]:
-        return [_complex_modulus(head), _complex_modulus(relation), _complex_modulus(tail)]
+    def magnitudes(self, rows: torch.Tensor, table: str) -> torch.Tensor | None:
+        return _complex_modulus(rows)
 
 
 class RotatE(KGEModel):
@@ -292,7 +358,7 @@ class RotatE(KGEModel):
         gamma: float,
     ) -> None:
         k = dim // 2
-        super().__init__(num_entities, num_relations, dim, k)
+        super().__init__(num_entities, num_relations, dim, k, config)
         bound = (gamma + 2.0) / k * config.init_scale
         nn.init.uniform_(self.entity.weight, -bound, bound)
         nn.init.uniform_(self.relation.weight, -math.pi, math.pi)
@@ -355,10 +421,14 @@ class RotatE(KGEModel):
             scores[:, start:stop] = total
         return scores.neg_()
 
-    def magnitudes(
-        self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor
-    ) -> list[torch.Tensor]:
-        return [_complex_modulus(head), _complex_modulus(tail)]  # |r_i| = 1: nothing to penalise
+    def initialize(self, init: InitConfig) -> None:
+        """Entities only: relations are phases, U(-pi, pi) whatever the entities' init."""
+        initialize_table(self.entity.weight, init)
+
+    def magnitudes(self, rows: torch.Tensor, table: str) -> torch.Tensor | None:
+        if table == "relation":
+            return None  # |r_i| = 1: nothing to penalise
+        return _complex_modulus(rows)
 
 
 ModelBuilder = Callable[[Any, int, int, int, float], KGEModel]
@@ -371,8 +441,16 @@ MODELS.add("complex", lambda config, e, r, dim, gamma: ComplEx(config, e, r, dim
 MODELS.add("rotate", RotatE)
 
 
+def relation_table_rows(num_relations: int, options: ModelOptions) -> int:
+    """Rows of the relation table: twice the relations with reciprocal relations."""
+    return num_relations * (2 if options.reciprocal else 1)
+
+
 def build_kge_model(
     config: KGEModelConfig, num_entities: int, num_relations: int, dim: int, gamma: float
 ) -> KGEModel:
     """The model `config` names; `gamma` is the loss margin (RotatE's initialisation uses it)."""
-    return MODELS.get(config.type)(config, num_entities, num_relations, dim, gamma)
+    model = MODELS.get(config.type)(config, num_entities, num_relations, dim, gamma)
+    if config.init is not None:
+        model.initialize(config.init)
+    return model
