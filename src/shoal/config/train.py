@@ -147,7 +147,7 @@ class TrainConfig(ConfigModel):
     )
     plateau: PlateauConfig = Field(
         default_factory=PlateauConfig,
-        description="lr_decay = plateau: factor, patience, threshold, cooldown.",
+        description="lr_decay = plateau: factor, patience, threshold, cooldown (read only then).",
     )
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="Final learning rate of a decay, as a fraction of lr."
@@ -198,11 +198,6 @@ class TrainConfig(ConfigModel):
         if self.lr_decay == "plateau" and self.eval_every_epochs == 0:
             raise ValueError(
                 'lr_decay = "plateau" lowers the rate after evaluations; set eval_every_epochs >= 1'
-            )
-        if "plateau" in self.model_fields_set and self.lr_decay != "plateau":
-            raise ValueError(
-                f'plateau applies to lr_decay = "plateau", not {self.lr_decay!r}; remove it or '
-                'set lr_decay = "plateau"'
             )
         if self.micro_batches > self.batch_size:
             raise ValueError(

@@ -80,6 +80,24 @@ class RowSource(Protocol):
         ...
 
 
+def dropout(rows: torch.Tensor, p: float) -> torch.Tensor:
+    """Inverted dropout: each entry kept with probability 1 - p and scaled by 1 / (1 - p).
+
+    One 15-bit random number per entry, drawn 4 to an int64 from torch's generator (so
+    checkpoints capture it): p is rounded to a multiple of 2^-15 (and the scale uses the
+    rounded value, so the expectation is exact). torch's own dropout draws a float per
+    entry through bernoulli_, which on CPU took 3 to 10 times longer and was the largest
+    cost of a LibKGE-style step (dropout on every negative's row).
+    """
+    threshold = round(p * 32768)
+    if threshold == 0:
+        return rows
+    words = torch.empty((rows.numel() + 3) // 4, dtype=torch.int64, device=rows.device).random_()
+    bits = words.view(torch.int16)[: rows.numel()].view(rows.shape) & 0x7FFF
+    keep = bits >= threshold
+    return torch.where(keep, rows * (32768.0 / (32768 - threshold)), 0.0)
+
+
 def initialize_table(table: torch.Tensor, init: InitConfig) -> None:
     """Fill `table` (rows x width) in place as `init` says (torch.nn.init, as LibKGE calls it)."""
     with torch.no_grad():
@@ -177,13 +195,13 @@ class KGEModel(nn.Module, ABC):
     def drop_entities(self, rows: torch.Tensor) -> torch.Tensor:
         """Entity dropout (training only)."""
         if self.entity_dropout > 0 and self.training:
-            return F.dropout(rows, self.entity_dropout, training=True)
+            return dropout(rows, self.entity_dropout)
         return rows
 
     def drop_relations(self, rows: torch.Tensor) -> torch.Tensor:
         """Relation dropout (training only)."""
         if self.relation_dropout > 0 and self.training:
-            return F.dropout(rows, self.relation_dropout, training=True)
+            return dropout(rows, self.relation_dropout)
         return rows
 
     # ------------------------------------------------------------ the maths (on rows)
