@@ -8,6 +8,12 @@ import pytest
 import torch
 
 from shoal.tasks.kge.config import ComplExConfig, DistMultConfig, RotatEConfig, TransEConfig
+from shoal.tasks.kge.model_config import (
+    NormalInit,
+    UniformInit,
+    XavierNormalInit,
+    XavierUniformInit,
+)
 from shoal.tasks.kge.models import MODELS, KGEModel, build_kge_model
 
 CONFIGS = {
@@ -142,3 +148,22 @@ def test_paper_initialisations() -> None:
     rotate = _model("rotate", dim=50)
     assert rotate.entity.weight.abs().max() <= (6.0 + 2.0) / 25
     assert rotate.relation.weight.abs().max() <= math.pi and rotate.relation.weight.shape == (3, 25)
+
+
+def test_init_options_replace_the_paper_initialisation() -> None:
+    """uniform (a, b), normal (mean, std), xavier on the (rows x width) table; RotatE keeps
+    its phases in (-pi, pi); reciprocal relations double the relation table."""
+    uniform = DistMultConfig(init=UniformInit(a=-0.2, b=1.0), reciprocal=True)
+    model = build_kge_model(uniform, 400, 5, 50, gamma=0.0)
+    weight = model.entity.weight
+    assert model.relation.weight.shape == (10, 50)
+    assert -0.2 <= weight.min() < -0.19 and 0.99 < weight.max() <= 1.0
+    assert weight.mean().item() == pytest.approx(0.4, abs=0.01)
+    normal = build_kge_model(ComplExConfig(init=NormalInit(std=0.01)), 400, 5, 50, gamma=0.0)
+    assert normal.entity.weight.std().item() == pytest.approx(0.01, rel=0.05)
+    xavier = build_kge_model(TransEConfig(init=XavierUniformInit(gain=2.0)), 400, 5, 50, 0.0)
+    bound = 2.0 * math.sqrt(6 / (400 + 50))
+    assert bound * 0.95 < xavier.entity.weight.abs().max() <= bound
+    rotate = build_kge_model(RotatEConfig(init=XavierNormalInit()), 400, 5, 50, gamma=9.0)
+    assert rotate.relation.weight.abs().max() <= math.pi
+    assert rotate.relation.weight.abs().max() > 3.0  # still U(-pi, pi), not xavier

@@ -101,8 +101,11 @@ class NegativeSamplingConfig(ConfigModel):
     sampling), so scoring a chunk is one matrix product instead of chunk_size.
     """
 
-    num_negatives: int = Field(
-        64, ge=1, description="Negative triples per positive, on the one side `side` picks."
+    num_negatives: int | None = Field(
+        None,
+        ge=1,
+        description="Negative triples per positive, on the one side `side` picks (default 64 "
+        "unless num_negatives_s / num_negatives_o are set).",
     )
     num_negatives_s: int | None = Field(
         None,
@@ -121,10 +124,11 @@ class NegativeSamplingConfig(ConfigModel):
         ge=1,
         description="Positives that share one negative set (1: every positive draws its own).",
     )
-    side: Literal["uniform", "bernoulli"] = Field(
-        "bernoulli",
+    side: Literal["uniform", "bernoulli"] | None = Field(
+        None,
         description="Which side is corrupted: uniform = head or tail with probability 1/2; "
-        "bernoulli = by the relation's tails-per-head / heads-per-tail (Wang et al., 2014).",
+        "bernoulli = by the relation's tails-per-head / heads-per-tail (Wang et al., 2014). "
+        "Default bernoulli unless num_negatives_s / num_negatives_o are set.",
     )
     distribution: Literal["uniform", "degree"] = Field(
         "uniform",
@@ -142,14 +146,19 @@ class NegativeSamplingConfig(ConfigModel):
         """(side, negatives) of each loss term per positive: "head", "tail", or "either"
         (one side per positive, chosen by `side`)."""
         if not self.per_side:
-            return [("either", self.num_negatives)]
+            return [("either", self.num_negatives or 64)]
         counts = [("head", self.num_negatives_s or 0), ("tail", self.num_negatives_o or 0)]
         return [(name, k) for name, k in counts if k > 0]
 
     @model_validator(mode="after")
     def _one_scheme(self) -> NegativeSamplingConfig:
-        if self.per_side:
-            mixed = sorted({"num_negatives", "side"} & self.model_fields_set)
+        # The one-side scheme's settings stay None under the per-side scheme, so that the
+        # resolved config a run saves (defaults filled in, None left out) loads again.
+        if not self.per_side:
+            self.num_negatives = 64 if self.num_negatives is None else self.num_negatives
+            self.side = self.side or "bernoulli"
+        else:
+            mixed = [name for name in ("num_negatives", "side") if getattr(self, name) is not None]
             if mixed:
                 raise ValueError(
                     f"{' and '.join(mixed)} pick one side per positive, num_negatives_s / "
@@ -280,7 +289,8 @@ class KGETaskConfig(ConfigModel):
                     f"loss {self.loss.kind!r} pairs a positive with sampled negatives; training "
                     f"{training} scores every entity: use loss kind softmax or bce"
                 )
-            if "negatives" in self.model_fields_set:
+            # (the resolved config a run saves holds the default table: it loads again)
+            if self.negatives != NegativeSamplingConfig():
                 raise ValueError(
                     f"negatives: training {training} scores every entity and samples none; "
                     "remove task.negatives"

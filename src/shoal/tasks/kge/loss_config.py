@@ -88,7 +88,7 @@ class RegularizationConfig(ConfigModel):
     relation_weight: float | None = Field(
         None, ge=0, description="Weight of the penalty on relation rows (unset: `weight`)."
     )
-    p: float = Field(2.0, ge=1, description="The exponent of kind = lp.")
+    p: float | None = Field(None, ge=1, description="The exponent of kind = lp (default 2).")
     weighted: bool = Field(
         True,
         description="true: the rows each sample uses, per use (frequency-weighted); false: "
@@ -98,10 +98,10 @@ class RegularizationConfig(ConfigModel):
 
     @property
     def exponent(self) -> float:
-        return {"l2": 2.0, "n3": 3.0}.get(self.kind, self.p)
+        return {"l2": 2.0, "n3": 3.0}.get(self.kind, 2.0 if self.p is None else self.p)
 
     @model_validator(mode="after")
     def _p_only_for_lp(self) -> RegularizationConfig:
-        if self.kind != "lp" and "p" in self.model_fields_set:
+        if self.kind != "lp" and self.p is not None:
             raise ValueError(f"p is the exponent of kind = 'lp'; kind = {self.kind!r} fixes it")
         return self
