@@ -21,7 +21,7 @@ import torch
 import shoal
 from shoal.checkpoint.integrity import STATE_FILE
 from shoal.checkpoint.manager import list_checkpoints, load_checkpoint
-from shoal.errors import ShoalError
+from shoal.errors import ConfigError, ShoalError
 from shoal.monitor.metrics import read_metrics
 from tests.conftest import run_shoal, small_job
 from tests.hostile.runs import edit_meta, flip_bytes, snapshot
@@ -200,3 +200,25 @@ def test_parameter_server_shard_files_are_covered(ps_run: Path, tmp_path: Path, 
     with pytest.raises(ShoalError, match=CORRUPT) as refused:
         shoal.train(resume=run)
     assert expected in str(refused.value)
+
+
+def test_a_format_1_checkpoint_still_resumes_and_is_still_checked(runs: Path) -> None:
+    """Checkpoints written before the seal (format 1: checksums, no config in meta.json) are
+    read when their checksums cover every file; their config comes from state.pt."""
+    run = _finished(runs)
+    folder = list_checkpoints(run / "checkpoints")[-1]
+
+    def as_format_1(meta: dict[str, Any]) -> None:
+        for key in ("meta_sha256", "config", "data", "train_size"):
+            meta.pop(key, None)
+        meta["format"] = 1
+
+    edit_meta(folder, as_format_1, reseal=False)
+    with pytest.raises(ConfigError, match=r"^task\.model\.hidden: cannot change"):
+        shoal.train(resume=run, overrides=["task.model.hidden=[8]"])
+    assert shoal.train(resume=run, overrides=["train.epochs=3"])["steps"] == 39
+    older = list_checkpoints(run / "checkpoints")[0]
+    edit_meta(older, as_format_1, reseal=False)
+    (older / "notes.txt").write_text("not covered")
+    with pytest.raises(ShoalError, match=r"notes\.txt is not covered"):
+        shoal.train(resume=older)
