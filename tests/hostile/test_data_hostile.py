@@ -63,6 +63,16 @@ def _one_line_error(tmp_path: Path, job: Path) -> str:
     return lines[0]
 
 
+def _csv_error(tmp_path: Path, cli: bool) -> str:
+    """The error data.csv raises: through the CLI (exit 2, one line), or (faster) from the
+    reader itself, for the cases that only vary the message."""
+    if cli:
+        return _one_line_error(tmp_path, _job_file(tmp_path, "data.csv"))
+    with pytest.raises(DataError) as caught:
+        load_files(FileDataConfig(path=str(tmp_path / "data.csv")))
+    return str(caught.value)
+
+
 # ---------------------------------------------------------------- byte-order marks
 
 
@@ -188,21 +198,20 @@ def test_named_labels_keep_their_ids_across_files(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("cell", "what"),
+    ("cell", "what", "cli"),
     [
-        ("nan", "not a finite number: nan"),
-        ("-inf", "not a finite number: -inf"),
-        ("1e39", "1e+39 is too large for float32 (|x| <= 3.4e38)"),
+        ("nan", "not a finite number: nan", True),
+        ("-inf", "not a finite number: -inf", False),
+        ("1e39", "1e+39 is too large for float32 (|x| <= 3.4e38)", False),
     ],
 )
 def test_non_finite_features_are_named_where_they_are_read(
-    tmp_path: Path, cell: str, what: str
+    tmp_path: Path, cell: str, what: str, cli: bool
 ) -> None:
     rows = _rows(40)
     rows[9] = f"0.5,{cell},1"
     _write(tmp_path / "data.csv", rows)
-    line = _one_line_error(tmp_path, _job_file(tmp_path, "data.csv"))
-    assert line == (
+    assert _csv_error(tmp_path, cli) == (
         f"{tmp_path / 'data.csv'}:11: column 'b': {what}; remove the row or fill in the value"
     )
 
@@ -231,6 +240,9 @@ class Items(torch.utils.data.Dataset):
 
 def dataset():
     return {"train": Items()}
+
+def too_few_classes():
+    return {"train": (torch.zeros(30, 4), torch.arange(30) % 3), "num_classes": 2}
 """
 
 
@@ -238,6 +250,8 @@ def test_non_finite_inputs_of_a_factory_are_named_by_sample(tmp_path: Path) -> N
     (tmp_path / "hostile_factory.py").write_text(FACTORY)
     with pytest.raises(DataError, match=r"'train' sample 17: feature 2 is not a finite number"):
         call_factory(PythonDataConfig(factory="hostile_factory:tensors"), [tmp_path])
+    with pytest.raises(DataError, match=r"'train' sample 2: label 2 is not one of the 2 class"):
+        call_factory(PythonDataConfig(factory="hostile_factory:too_few_classes"), [tmp_path])
     data = call_factory(PythonDataConfig(factory="hostile_factory:dataset"), [tmp_path])
     assert isinstance(data.train, DatasetSamples)
     data.train.fetch(torch.arange(0, 20))  # a clean batch passes
@@ -249,27 +263,32 @@ def test_non_finite_inputs_of_a_factory_are_named_by_sample(tmp_path: Path) -> N
 
 
 @pytest.mark.parametrize(
-    ("content", "message"),
+    ("content", "message", "cli"),
     [
-        (b"a,a,label\n1,2,0\n", "data.csv:1: column name 'a' appears twice (columns 1 and 2)"),
-        (b"a,b,label,\n1,2,0,\n", "data.csv:1: column 4 of the header has no name"),
+        (
+            b"a,a,label\n1,2,0\n",
+            "data.csv:1: column name 'a' appears twice (columns 1 and 2)",
+            True,
+        ),
+        (b"a,b,label,\n1,2,0,\n", "data.csv:1: column 4 of the header has no name", False),
         (
             b"a;b;label\n1;2;0\n",
             "data.csv:1: need at least one feature column and a label column "
             "(is it separated by ';'? shoal reads commas)",
+            False,
         ),
         (
             "a,b,label\n1,2,0\n1,2,caf\xe9\n".encode("latin-1"),
             "data.csv:3: not UTF-8 text (byte 0xe9)",
+            False,
         ),
     ],
 )
 def test_hostile_csv_files_are_one_line_errors(
-    tmp_path: Path, content: bytes, message: str
+    tmp_path: Path, content: bytes, message: str, cli: bool
 ) -> None:
     (tmp_path / "data.csv").write_bytes(content)
-    line = _one_line_error(tmp_path, _job_file(tmp_path, "data.csv"))
-    assert line.startswith(f"{tmp_path}/{message}")
+    assert _csv_error(tmp_path, cli).startswith(f"{tmp_path}/{message}")
 
 
 def test_a_header_of_numbers_is_a_warning(tmp_path: Path) -> None:

@@ -215,10 +215,21 @@ def call_factory(config: PythonDataConfig, search_dirs: list[Path]) -> Classific
         raise ShoalError(
             f"task.data.factory: 'model' must be an nn.Module, got {type(model).__name__}"
         )
+    num_classes = built.get("num_classes")
+    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
+        raise ShoalError(
+            f"task.data.factory: 'num_classes' must be an integer >= 2, got {num_classes!r}"
+        )
     valid = built.get("valid")
-    return ClassificationData(
+    data = ClassificationData(
         train=_as_samples(built["train"], "'train'", config.factory),
         valid=_as_samples(valid, "'valid'", config.factory) if valid is not None else None,
         model=model,
-        num_classes=built.get("num_classes"),
+        num_classes=num_classes,
     )
+    if num_classes is not None:  # tensors are cheap to check against it; a Dataset is not
+        for samples in (data.train, data.valid):
+            if isinstance(samples, TensorSamples):
+                column = LabelColumn(samples.labels.numpy(), _sample_locator(samples.source))
+                encode(column, LabelSpace(num_classes), FACTORY_CLASSES)
+    return data

@@ -22,11 +22,10 @@ import numpy as np
 
 from shoal.errors import DataError
 from shoal.tasks.classification.config import FileDataConfig
-from shoal.tasks.classification.labels import LabelColumn
+from shoal.tasks.classification.labels import LabelColumn, is_number
 from shoal.tasks.textfile import read_text
 
 CSV_TEXT = "expected a CSV text with a header row"
-FLOAT32_MAX = float(np.finfo(np.float32).max)
 
 
 @dataclass
@@ -42,14 +41,6 @@ def read_table(path: Path, config: FileDataConfig) -> Table:
     if path.suffix.lower() == ".npz":
         return read_npz(path, config.features_key, config.labels_key)
     return read_csv(path, config.label_column)
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def _header(
@@ -96,7 +87,7 @@ def _header(
 
 
 def _numeric_header(path: Path, header: list[str]) -> list[str]:
-    if not all(_is_number(name) for name in header) or header == [
+    if not all(is_number(name) for name in header) or header == [
         str(i) for i in range(len(header))
     ]:
         return []
@@ -199,7 +190,7 @@ def read_npz(path: Path, features_key: str, labels_key: str) -> Table:
             f"{path}: expected features of shape (n, ...) and labels of shape (n,), "
             f"got {x.shape} and {y.shape}"
         )
-    if not (np.issubdtype(x.dtype, np.floating) or np.issubdtype(x.dtype, np.integer)):
+    if not any(np.issubdtype(x.dtype, kind) for kind in (np.floating, np.integer, np.bool_)):
         raise DataError(
             f"{path}: {features_key} has dtype {x.dtype}; features must be real numbers"
         )

@@ -208,7 +208,7 @@ def _as_fraction(text: str) -> float | None:
 
 def _no_fractions(parsed: list[_Parsed], declare: str) -> None:
     """Labels that are all numbers, some fractional: a measurement, not classes."""
-    if not all(_is_number(cell) for p in parsed for cell in p.cells or []):
+    if not all(is_number(cell) for p in parsed for cell in p.cells or []):
         return
     for p in parsed:
         for row, cell in enumerate(p.cells or []):
@@ -220,7 +220,7 @@ def _no_fractions(parsed: list[_Parsed], declare: str) -> None:
                 )
 
 
-def _is_number(text: str) -> bool:
+def is_number(text: str) -> bool:
     try:
         float(text)
     except ValueError:
