@@ -20,13 +20,13 @@ from shoal.tasks.classification.config import (
 )
 from shoal.tasks.classification.data import (
     ClassificationData,
-    TensorSamples,
     call_factory,
     load_files,
     make_synthetic,
     read_train_files,
 )
 from shoal.tasks.classification.model import build_mlp
+from shoal.tasks.classification.samples import TensorSamples
 
 DROPOUT_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
 
