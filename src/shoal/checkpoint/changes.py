@@ -56,19 +56,22 @@ _UNSET = object()
 
 @dataclass(frozen=True)
 class Change:
+    """One field that differs: what the checkpoint holds and what was asked, as shown to
+    the user, and its class (SAFE, CHANGES_PROBLEM or INCOMPATIBLE)."""
+
     field: str
-    saved: Any
-    asked: Any
+    saved: str
+    asked: str
     kind: str
 
     def text(self) -> str:
-        return f"the checkpoint holds {_show(self.saved)}, asked {_show(self.asked)}"
+        return f"the checkpoint holds {self.saved}, asked {self.asked}"
 
     def record(self) -> dict[str, Any]:
         return {
             "field": self.field,
-            "checkpoint": _show(self.saved),
-            "asked": _show(self.asked),
+            "checkpoint": self.saved,
+            "asked": self.asked,
             "class": self.kind,
         }
 
@@ -80,8 +83,6 @@ def _show(value: Any) -> str:
         return f"a file of {value['size']} bytes (sha256 {str(value['sha256'])[:12]})"
     if isinstance(value, dict) and value.get("missing"):
         return "a missing file"
-    if isinstance(value, str) and value.endswith(" samples"):
-        return value
     return json.dumps(value)
 
 
@@ -158,14 +159,15 @@ def resume_changes(
     changes: list[Change] = []
     for field, (before, after) in _differences(saved, asked).items():
         kind = classify(field, safe, incompatible)
-        if saved_files is not None and saved_files.get(field, 0) == files_now.get(field, 1):
+        if saved_files and field in saved_files and saved_files[field] == files_now.get(field):
             kind = SAFE  # the same file, moved
-        changes.append(Change(field, before, after, kind))
+        changes.append(Change(field, _show(before), _show(after), kind))
+    paths_before, paths_now = _flatten(saved), _flatten(asked)
     for field in sorted((saved_files or {}).keys() & files_now.keys()):
-        unchanged_path = _flatten(saved).get(field) == _flatten(asked).get(field)
-        if unchanged_path and saved_files and saved_files[field] != files_now[field]:
+        before, after = (saved_files or {})[field], files_now[field]
+        if paths_before.get(field) == paths_now.get(field) and before != after:
             kind = classify(field, safe, incompatible)
-            changes.append(Change(field, saved_files[field], files_now[field], kind))
+            changes.append(Change(field, _show(before), _show(after), kind))
     saved_size = meta.get("train_size")
     if train_size is not None and isinstance(saved_size, int) and saved_size != train_size:
         kind = classify("task.data", safe, incompatible)
