@@ -24,7 +24,7 @@ from shoal.checkpoint.manager import list_checkpoints, load_checkpoint
 from shoal.errors import ConfigError, ShoalError
 from shoal.monitor.metrics import read_metrics
 from tests.conftest import run_shoal, small_job
-from tests.hostile.runs import edit_meta, flip_bytes, snapshot
+from tests.hostile.tamper import edit_meta, flip_bytes, snapshot
 
 CORRUPT = r"checkpoint is corrupt \(.+\); resume from an earlier one"
 

@@ -27,7 +27,7 @@ from shoal.errors import ConfigError, ShoalError
 from shoal.launch.plan import plan_job
 from shoal.monitor.metrics import read_metrics
 from tests.conftest import data_parallel, final_state, run_shoal, small_job
-from tests.hostile.runs import flip_bytes, snapshot
+from tests.hostile.tamper import flip_bytes, snapshot
 
 
 @pytest.fixture(scope="module")
