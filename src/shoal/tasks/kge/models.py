@@ -51,6 +51,7 @@ from shoal.tasks.kge.model_config import (
     UniformInit,
     XavierUniformInit,
 )
+from shoal.tasks.kge.rotate_distance import rotate_distances
 
 _TINY = 1e-30  # below this a squared modulus is clamped: sqrt stays differentiable at 0
 
@@ -396,13 +397,10 @@ class RotatE(KGEModel):
         return torch.cat([t_re * cos + t_im * sin, t_im * cos - t_re * sin], dim=-1)
 
     def match(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        # |q_i - c_i| is the distance of two points in the plane: one batched pairwise-distance
-        # call per complex dimension i (batch dim first), summed over i. Without the
-        # matrix-product shortcut, whose cancellation would blur close distances.
-        q = torch.stack(_halves(queries), dim=-1).movedim(-2, 0)  # (k, ..., n, 2)
-        c = torch.stack(_halves(candidates), dim=-1).movedim(-2, 0)  # (k, ..., m, 2)
-        distances = torch.cdist(q, c, compute_mode="donot_use_mm_for_euclid_dist")
-        return -distances.sum(dim=0)
+        # |q_i - c_i| per complex dimension, summed: tiles that stay in cache and a backward
+        # of its own (`rotate_distance`); no matrix-product shortcut, whose cancellation
+        # would blur close distances
+        return rotate_distances(queries, candidates)
 
     def match_rows(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         return -_complex_modulus(queries - candidates).sum(dim=-1)
