@@ -32,10 +32,12 @@ def has_checkpoint(run: Path) -> bool:
     return any((run / "checkpoints").glob("step-*"))
 
 
-def chunk_command(model: str, run: Path, chunk_s: int, overrides: list[str]) -> list[str]:
+def chunk_command(
+    model: str, run: Path, chunk_s: int, overrides: list[str], allow_changes: bool = False
+) -> list[str]:
     shoal = [str(REPO / ".venv" / "bin" / "shoal"), "train"]
     if has_checkpoint(run):
-        shoal += ["--resume", str(run)]
+        shoal += ["--resume", str(run)] + (["--allow-changes"] if allow_changes else [])
     else:
         config = REPO / "examples" / f"kge-fb15k237-{model}.toml"
         shoal += [str(config), "--set", f"run.dir={run.parent}", "--set", f"run.name={run.name}"]
@@ -46,14 +48,19 @@ def chunk_command(model: str, run: Path, chunk_s: int, overrides: list[str]) -> 
 
 
 def train_to_the_end(
-    model: str, run: Path, chunk_s: int, pause_s: int, overrides: list[str]
+    model: str,
+    run: Path,
+    chunk_s: int,
+    pause_s: int,
+    overrides: list[str],
+    allow_changes: bool = False,
 ) -> dict[str, object]:
     chunk = failures = 0
     while not (run / "results.json").exists():
         if run.exists() and not has_checkpoint(run):
             shutil.rmtree(run)  # a first chunk cut off before its first checkpoint: start over
         chunk += 1
-        command = chunk_command(model, run, chunk_s, overrides)
+        command = chunk_command(model, run, chunk_s, overrides, allow_changes)
         print(f"[{time.strftime('%H:%M:%S')}] {model} chunk {chunk}: {' '.join(command)}")
         sys.stdout.flush()
         code = subprocess.run(command, cwd=REPO, check=False).returncode
@@ -74,10 +81,18 @@ def main() -> None:
     parser.add_argument("--chunk-s", type=int, default=600, help="longest hold of the CPU lock")
     parser.add_argument("--pause-s", type=int, default=30, help="sleep without the lock")
     parser.add_argument("--set", action="append", default=[], dest="overrides")
+    parser.add_argument(
+        "--allow-changes",
+        action="store_true",
+        help="resume with `shoal train --allow-changes` (a checkpoint written by an older "
+        "shoal whose saved config differs in settings that do not change training)",
+    )
     args = parser.parse_args()
     for model in args.models:
         run = args.runs.resolve() / model
-        results = train_to_the_end(model, run, args.chunk_s, args.pause_s, args.overrides)
+        results = train_to_the_end(
+            model, run, args.chunk_s, args.pause_s, args.overrides, args.allow_changes
+        )
         test = results.get("test", {})
         print(
             f"{model}: test {json.dumps(test)}; epochs {results.get('epochs')}; "
