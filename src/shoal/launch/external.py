@@ -17,6 +17,7 @@ import torch
 
 from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.config import dump_config
+from shoal.errors import RunStopped
 from shoal.launch.job import run_job
 from shoal.launch.plan import JobPlan
 from shoal.launch.process_group import Placement, join_process_group, shutdown_process_group
@@ -25,6 +26,7 @@ from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths, create_run_dir
 from shoal.runtime.collectives import barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.stop import stop_on_signals
 
 
 @dataclass
@@ -72,7 +74,11 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
             resume_from=plan.resume_from,
         )
         try:
-            results = run_job(ctx)
+            with stop_on_signals(log):
+                results = run_job(ctx)
+        except RunStopped as exc:
+            log.info("%s", exc)
+            raise
         except Exception as exc:
             failed = True
             log.exception("rank %d failed", rank)

@@ -1,6 +1,8 @@
 """A failed worker's error report, read by the launcher to name who failed and why.
 
-Written as JSON next to the worker's log; only plain text crosses, never pickle.
+Written as JSON next to the worker's log; a worker of shoal's own launcher also
+sends it, sealed, through the job's store (`runtime/heartbeat.py`), which needs no
+disk: a full disk does not silence the report. Only plain text crosses, never pickle.
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ def _first_line(exc: BaseException) -> str:
     return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", line)
 
 
-def write_report(path: Path, rank: int, step: int, exc: BaseException) -> None:
+def build_report(rank: int, step: int, exc: BaseException) -> dict[str, Any]:
+    """What a failed rank says about its failure (plain data: JSON in a file or the store)."""
     user_error = isinstance(exc, ShoalError)
-    report = {
+    return {
         "rank": rank,
         "step": step,
         "type": type(exc).__name__,
@@ -51,8 +54,14 @@ def write_report(path: Path, rank: int, step: int, exc: BaseException) -> None:
         "communication_error": not user_error and is_communication_error(exc),
         "traceback": "".join(traceback.format_exception(exc)),
     }
-    with contextlib.suppress(OSError):  # the log still has the traceback
+
+
+def write_report(path: Path, rank: int, step: int, exc: BaseException) -> dict[str, Any]:
+    """Write the report next to the rank's log (if the disk takes it); returns it."""
+    report = build_report(rank, step, exc)
+    with contextlib.suppress(OSError):  # the log and the store may still have it
         atomic_write_json(path, report)
+    return report
 
 
 def read_report(path: Path) -> dict[str, Any] | None:
