@@ -98,6 +98,8 @@ class LocalLauncher:
         try:
             with self._signals_forwarded():
                 for rank in range(self.world_size):
+                    # a resumed run's folder may hold reports of an earlier failure: not this one's
+                    self.paths.error_file(rank).unlink(missing_ok=True)
                     self.workers.append(self._spawn(rank, port))
                 self._watch()
         except KeyboardInterrupt:  # signals could not be taken over (not the main thread)
@@ -211,10 +213,11 @@ class LocalLauncher:
                 next_check = now + HEARTBEAT_CHECK_S
             time.sleep(POLL_S)
 
-    def _look_at(self, rank: int) -> str:
-        """Where to look for what a rank did: a file that exists, or that it wrote none."""
+    def _see(self, rank: int) -> str:
+        """'see LOG' for a rank's log or output file, whichever exists; never a path that
+        does not (a worker still starting has written neither)."""
         found = existing(self.paths.log_file(rank), self.paths.output_file(rank))
-        return str(found) if found else "it wrote no log: it never got as far as starting"
+        return f"see {found}" if found else "it has written no log yet"
 
     def _lost_worker(self, now: float, running_for: float) -> str | None:
         faults = self.config.faults
@@ -232,7 +235,7 @@ class LocalLauncher:
                         f"rank {rank} is stopped (process {worker.process.pid} in state "
                         f"{state}: SIGSTOP, Ctrl-Z or a debugger) and the job cannot go on "
                         f"without it; it last reported {last}, other ranks up to step {ahead}; "
-                        f"see {self._look_at(rank)}"
+                        f"{self._see(rank)}"
                     )
                 continue
             self._stopped_since.pop(rank, None)
@@ -241,7 +244,7 @@ class LocalLauncher:
                 if running_for > faults.start_timeout_s:
                     return (
                         f"rank {rank} did not start within {faults.start_timeout_s:g} s "
-                        f"(faults.start_timeout_s); see {self._look_at(rank)}"
+                        f"(faults.start_timeout_s){self.reader.tampering(rank)}; {self._see(rank)}"
                     )
                 continue
             silent = time.time() - beat[0]
@@ -250,7 +253,7 @@ class LocalLauncher:
                     f"rank {rank} stopped responding: no heartbeat for {silent:.0f} s "
                     f"(faults.heartbeat_timeout_s = {faults.heartbeat_timeout_s:g}); it last "
                     f"reported {last}, other ranks up to step {ahead}"
-                    f"{self.reader.tampering(rank)}; see {self._look_at(rank)}"
+                    f"{self.reader.tampering(rank)}; {self._see(rank)}"
                 )
         return None
 
@@ -308,7 +311,8 @@ class LocalLauncher:
         unreported = [w for w in on_their_own if reports[w.rank] is None]
         culprit = (causes or unreported or on_their_own)[0]
         report = reports.get(culprit.rank)
-        log = self._look_at(culprit.rank)
+        found = existing(self.paths.log_file(culprit.rank), self.paths.output_file(culprit.rank))
+        log = f"log: {found}" if found else "it wrote no log"
         if report and report.get("user_error"):
             lines = report.get("lines") or [report.get("message", "")]
             # a ShoalError raised at run time keeps its exit code: JobFailed (e.g. a federated
@@ -333,13 +337,12 @@ class LocalLauncher:
             if report.get("communication_error") and silent_peers:
                 listed = ", ".join(map(str, silent_peers))
                 what += f"; rank {listed} had not failed but stopped answering"
-            return JobFailed(f"rank {culprit.rank} failed{where}: {what} (log: {log})")
+            return JobFailed(f"rank {culprit.rank} failed{where}: {what} ({log})")
         if code is not None and code < 0:
             name = signal.Signals(-code).name
-            return JobFailed(f"rank {culprit.rank} was killed by {name}{where} (log: {log})")
+            return JobFailed(f"rank {culprit.rank} was killed by {name}{where} ({log})")
         return JobFailed(
-            f"rank {culprit.rank} exited with code {code} without an error report{where} "
-            f"(log: {log})"
+            f"rank {culprit.rank} exited with code {code} without an error report{where} ({log})"
         )
 
     def _kill(self) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch.distributed as dist
 
 from shoal.runtime.auth import BadValue, Opener, Signer
-from shoal.runtime.heartbeat import KEY, REPORT_KEY, parse_beat, parse_report
+from shoal.runtime.heartbeat import heartbeat_key, parse_beat, parse_report, report_key
 
 #: process states of a stopped process (SIGSTOP / job control, or a tracing stop)
 STOPPED_STATES = ("T", "t")
@@ -71,7 +71,7 @@ class StoreReader:
 
     def heartbeat(self, rank: int) -> tuple[float, int] | None:
         """(wall time, step) of the rank's newest authentic heartbeat, or None before its first."""
-        beat = self._open(KEY.format(rank=rank), parse_beat)
+        beat = self._open(heartbeat_key(self.opener.signer, rank), parse_beat)
         if beat is not None:
             self._beats[rank] = beat
         return self._beats.get(rank)
@@ -87,12 +87,13 @@ class StoreReader:
 
     def report(self, rank: int) -> dict[str, Any] | None:
         """The rank's error report sent through the store (None if none, or not authentic)."""
-        report: dict[str, Any] | None = self._open(REPORT_KEY.format(rank=rank), parse_report)
+        key = report_key(self.opener.signer, rank)
+        report: dict[str, Any] | None = self._open(key, parse_report)
         return report
 
     def tampering(self, rank: int) -> str:
         """'; its heartbeat key also held values that failed authentication (...)', or ''."""
-        why = self.rejected.get(KEY.format(rank=rank))
+        why = self.rejected.get(heartbeat_key(self.opener.signer, rank))
         if why is None:
             return ""
         return f"; its heartbeat key also held values that failed authentication ({why})"

@@ -69,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     heartbeat: Heartbeat | None = None
     failed = False
     try:
-        with stop_on_signals(log):
+        with stop_on_signals(log, level=logging.INFO):  # the launcher tells the terminal
             config = load_config(paths.config)
             faults = config.faults
             heartbeat = Heartbeat(

@@ -10,7 +10,9 @@ the MAC matches (so nobody without the secret can forge one, nor move a value
 from one key to another) and the counter is newer than the last it accepted on
 that key (so a copy of an old valid value, replayed later, is refused). The
 counter starts at the writer's clock in nanoseconds, so a restarted writer
-still counts upwards.
+still counts upwards. The keys themselves carry a tag derived from the secret
+(`Signer.key_name`), so a process without it cannot even find them to overwrite
+a genuine value with garbage.
 
 The environment of a process can be read by other processes of the same user
 (`/proc/<pid>/environ`): the secret keeps out other users' processes and
@@ -82,6 +84,11 @@ class Signer:
         with self._lock:
             self._counter = max(self._counter + 1, time.time_ns())
             return self._counter
+
+    def key_name(self, name: str) -> str:
+        """`name` with a tag derived from the secret: a process without the secret cannot tell
+        which store key to overwrite, let alone forge its value."""
+        return f"{name}/{self.mac('key name', name)[:16]}"
 
     def seal(self, key: str, payload: bytes) -> bytes:
         """The value to store under `key`: payload with counter and MAC."""

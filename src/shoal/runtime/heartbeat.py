@@ -1,11 +1,11 @@
 """A worker's heartbeat: liveness and progress, reported to the launcher's store.
 
-A background thread writes `<wall time> <step>` under `shoal/heartbeat/<rank>`
+A background thread writes `<wall time> <step>` under `shoal/heartbeat/<rank>/<tag>`
 every interval, sealed with the job's secret (`runtime/auth.py`): anyone can
 connect to the store, so the launcher believes only values it can authenticate.
 The launcher reads them: a rank whose heartbeat stops is named as lost, and the
 steps tell which rank is behind when a collective times out. A worker that
-fails also leaves its one-line error report under `shoal/report/<rank>`: the
+fails also leaves its one-line error report under `shoal/report/<rank>/<tag>`: the
 store needs no disk, so the report arrives even when the run's disk is full.
 
 The thread beats while the main thread computes, evaluates or writes a
@@ -26,8 +26,17 @@ import torch.distributed as dist
 
 from shoal.runtime.auth import BadValue, Signer
 
-KEY = "shoal/heartbeat/{rank}"
-REPORT_KEY = "shoal/report/{rank}"
+
+def heartbeat_key(signer: Signer, rank: int) -> str:
+    """The store key of a rank's heartbeat (tagged with the job's secret)."""
+    return signer.key_name(f"shoal/heartbeat/{rank}")
+
+
+def report_key(signer: Signer, rank: int) -> str:
+    """The store key of a rank's error report (tagged with the job's secret)."""
+    return signer.key_name(f"shoal/report/{rank}")
+
+
 #: the fields of a report sent through the store, with their types
 REPORT_FIELDS: dict[str, type | tuple[type, ...]] = {
     "rank": int,
@@ -71,12 +80,18 @@ class Heartbeat:
         )
         self._thread.start()
 
-    def beat(self, step: int) -> None:
-        """Record progress; the thread reports it at its next tick."""
+    def beat(self, step: int, now: bool = False) -> None:
+        """Record progress; the thread reports it at its next tick (`now`: at once, e.g. the
+        step a run resumed at, so that no failure message names an older one)."""
         self.step = step
+        if now:
+            try:
+                self._beat()
+            except Exception:  # the launcher is gone; its death signal ends this process
+                return
 
     def _beat(self) -> None:
-        key = KEY.format(rank=self.rank)
+        key = heartbeat_key(self._signer, self.rank)
         value = self._signer.seal(key, f"{time.time():.3f} {self.step}".encode())
         with self._lock:
             self._store.set(key, value.decode())  # ASCII: the stub takes str
@@ -93,7 +108,7 @@ class Heartbeat:
         fields = {name: report[name] for name in REPORT_FIELDS}
         fields["lines"] = [str(line)[:_MAX_TEXT] for line in fields["lines"][:8]]
         fields["message"] = str(fields["message"])[:_MAX_TEXT]
-        key = REPORT_KEY.format(rank=self.rank)
+        key = report_key(self._signer, self.rank)
         value = self._signer.seal(key, json.dumps(fields).encode())
         try:
             with self._lock:

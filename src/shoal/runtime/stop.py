@@ -141,11 +141,13 @@ def raise_now(signum: int) -> None:
 
 @contextlib.contextmanager
 def stop_on_signals(
-    log: logging.Logger | None, at_once: Callable[[int], None] | None = None
+    log: logging.Logger | None,
+    at_once: Callable[[int], None] | None = None,
+    level: int = logging.WARNING,
 ) -> Iterator[StopRequest]:
     """Turn SIGTERM and SIGINT into a stop request while the block runs (main thread only;
     elsewhere signals keep their handlers). A second signal calls `at_once` (default: exit
-    the process with 128 + signal)."""
+    the process with 128 + signal). The request is logged at `level`."""
     STOP.reset()
     if threading.current_thread() is not threading.main_thread():
         yield STOP
@@ -162,7 +164,8 @@ def stop_on_signals(
         STOP.signum = signum
         first_at[0] = time.monotonic()
         if log is not None:
-            log.warning(
+            log.log(
+                level,
                 "%s received: stopping at the next step boundary with a checkpoint "
                 "(a second signal stops at once)",
                 signal_name(signum),

@@ -380,7 +380,7 @@ class Trainer:
         self._saved_step = self.progress.global_step
         self.last_checkpoint = path
         if ctx.heartbeat is not None:  # failure messages name the resumed step, not -1
-            ctx.heartbeat.beat(self.progress.global_step)
+            ctx.heartbeat.beat(self.progress.global_step, now=True)
         rng = state["rng"]
         if len(rng) == ctx.world_size:
             restore_rng(bytes(rng[ctx.rank].numpy().tobytes()))

@@ -442,7 +442,7 @@ class FederatedStrategy(Strategy):
         self.totals.update(progress)
         self.last_checkpoint = path
         if self.ctx.heartbeat is not None:  # failure messages name the resumed round
-            self.ctx.heartbeat.beat(self.completed)
+            self.ctx.heartbeat.beat(self.completed, now=True)
         rng = state["rng"]
         if len(rng) == self.ctx.world_size:
             restore_rng(bytes(rng[self.ctx.rank].numpy().tobytes()))
