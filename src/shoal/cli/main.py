@@ -30,6 +30,7 @@ def _train(args: argparse.Namespace) -> int:
         overrides=args.set,
         resume=args.resume,
         force=args.force,
+        allow_changes=args.allow_changes,
     )
     if launched_by_torchrun() and os.environ.get("RANK", "0") != "0":
         return EXIT_OK  # rank 0 prints the summary
@@ -93,6 +94,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--force",
         action="store_true",
         help="start the workers even if they outnumber the CPU cores more than 4 times",
+    )
+    train.add_argument(
+        "--allow-changes",
+        action="store_true",
+        help="let --resume change what the run trains (learning rate, optimizer, data...); "
+        "the changes are logged and recorded in metrics.jsonl",
     )
     train.set_defaults(handler=_train)
 

@@ -17,7 +17,9 @@ from shoal.runtime.context import WorkerContext
 from shoal.runtime.stop import raise_now, stop_on_signals
 
 
-def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None) -> dict[str, Any]:
+def run_in_process(
+    config: ShoalConfig, paths: RunPaths, resume_from: str | None, allow_changes: bool = False
+) -> dict[str, Any]:
     fault = config.faults.inject
     if fault is not None and (fault.kind not in ("raise", "nan") or fault.rank != 0):
         raise ShoalError(
@@ -41,6 +43,7 @@ def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None
             launch_mode="inprocess",
             log=log,
             resume_from=resume_from,
+            allow_changes=allow_changes,
         )
         with stop_on_signals(log, at_once=raise_now):
             return run_job(ctx)

@@ -27,6 +27,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from types import FrameType
 from typing import IO, Any
 
@@ -72,6 +73,9 @@ class LocalLauncher:
     config: ShoalConfig
     world_size: int
     resume_from: str | None = None
+    config_file: Path | None = None  # what the workers read (default: the run's config.toml)
+    allow_changes: bool = False
+    lock_fd: int | None = None  # the run's lock, held by every worker too (run/lock.py)
     workers: list[_Worker] = field(default_factory=list)
 
     def run(self) -> None:
@@ -139,6 +143,10 @@ class LocalLauncher:
         cmd = [sys.executable, "-m", "shoal.launch.worker", "--run-dir", str(self.paths.root)]
         if self.resume_from:
             cmd += ["--resume", self.resume_from]
+        if self.config_file is not None:
+            cmd += ["--config", str(self.config_file)]
+        if self.allow_changes:
+            cmd.append("--allow-changes")
         output = None
         if rank != 0:  # rank 0 shows progress on this terminal; the others write to files
             output = open(self.paths.output_file(rank), "ab")  # noqa: SIM115
@@ -151,6 +159,7 @@ class LocalLauncher:
             # a session of its own: a terminal's Ctrl-C reaches the launcher alone, which
             # forwards it once (as torchrun does)
             start_new_session=True,
+            pass_fds=(self.lock_fd,) if self.lock_fd is not None else (),
         )
         return _Worker(rank, process, output)
 
