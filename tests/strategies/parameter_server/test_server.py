@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -83,6 +84,20 @@ def test_sync_applies_a_clock_only_when_every_worker_pushed_it() -> None:
     assert replies[0].values is not None
     assert torch.allclose(replies[0].values.view(2, 3), torch.tensor([[0.5] * 3, [-0.5] * 3]))
     assert dict(server.stats.staleness) == {0: 2}
+
+
+@pytest.mark.parametrize("arrival", list(itertools.permutations(range(3))))
+def test_sync_sums_a_clock_in_worker_order_whatever_the_arrival_order(
+    arrival: tuple[int, ...],
+) -> None:
+    """In float32, (1e8 + 1) - 1e8 == 0 but (1e8 - 1e8) + 1 == 1: the order of a sum shows.
+    Workers 0, 1, 2 push 1e8, 1, -1e8 to one row; in worker order the sum is 0."""
+    server = _server("sync", 0, workers=3)
+    values = (1e8, 1.0, -1e8)
+    for worker in arrival:
+        server.receive(_push(worker, 0, [4], values[worker]), 0.0)
+    assert server.sync_clock == 1
+    assert torch.equal(server.tables["entity"].rows[4], torch.ones(3))  # 1 - lr * 0
 
 
 def test_bounded_holds_a_pull_more_than_the_bound_ahead_and_async_does_not() -> None:

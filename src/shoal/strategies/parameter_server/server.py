@@ -250,7 +250,11 @@ class ShardServer:
         self._sync_count[header.clock] += 1
         if self._sync_count[header.clock] == self.num_workers:
             del self._sync_count[header.clock]
-            self._apply(self._sync_pending.pop(header.clock))
+            # in worker order, not arrival order: a float sum of three or more terms depends
+            # on their order, and identical runs must end bit-identical (the sort is stable:
+            # a worker's chunks stay in sending order)
+            parts = sorted(self._sync_pending.pop(header.clock), key=lambda m: m.header.sender)
+            self._apply(parts)
             self.sync_clock += 1
 
     def _apply(self, messages: list[Message]) -> None:
