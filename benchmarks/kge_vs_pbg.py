@@ -147,7 +147,14 @@ def pbg_run(
     return report
 
 
-def shoal_ps_run(work: Path, args: argparse.Namespace, name: str, evaluate: bool) -> dict[str, Any]:
+def shoal_ps_run(
+    work: Path,
+    args: argparse.Namespace,
+    name: str,
+    evaluate: bool,
+    max_steps: int | None = None,
+    launcher: list[str] | None = None,
+) -> dict[str, Any]:
     """One shoal parameter-server run at the matching settings (kge_vs_pykeen's runner)."""
     runner_args = argparse.Namespace(
         dim=args.dim,
@@ -185,10 +192,10 @@ def shoal_ps_run(work: Path, args: argparse.Namespace, name: str, evaluate: bool
         "loss": {"kind": "margin_ranking", "margin": args.margin},
         "evaluation": {"batch_size": 256},
     }
-    overrides = {"task": task, "run": {"name": name}}
-    report = shoal_run(
-        work, args=runner_args, round_=0, evaluate=evaluate, strategy=strategy, overrides=overrides
-    )
+    overrides: dict[str, dict[str, Any]] = {"task": task, "run": {"name": name}}
+    if max_steps is not None:
+        overrides["train"] = {"max_steps": max_steps}
+    report = shoal_run(work, runner_args, 0, evaluate, strategy, overrides, launcher)
     report["embeddings"] = str(work / "runs" / name / "embeddings")
     return report
 
@@ -312,8 +319,9 @@ def shoal_entity_std(args: argparse.Namespace) -> float:
     return 6.0 / args.dim**0.5 * args.shoal_init_scale / 3**0.5
 
 
-def parse_args() -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def build_parser(description: str) -> argparse.ArgumentParser:
+    """The shared settings (ps_profile.py adds its own)."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--dim", type=int, default=200)
@@ -337,14 +345,17 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--eval-limit", type=int, default=None, help="test triples ranked")
     parser.add_argument("--setup-only", action="store_true", help="create .venv-pbg and stop")
     parser.add_argument("--out", type=Path, default=None, help="write every figure as JSON")
-    args = parser.parse_args()
+    return parser
+
+
+def finish_args(args: argparse.Namespace) -> argparse.Namespace:
     if args.pbg_init_scale is None:
         args.pbg_init_scale = round(shoal_entity_std(args), 4)
     return args
 
 
 def main() -> None:
-    args = parse_args()
+    args = finish_args(build_parser(__doc__.splitlines()[0]).parse_args())
     args.pbg_python = ensure_pbg_venv()
     if args.setup_only:
         return

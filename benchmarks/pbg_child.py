@@ -235,7 +235,8 @@ def crosscheck(settings: dict[str, Any], config: Any, edges: dict[str, Path], in
     filters = [str(edges[s]) for s in SPLITS]
     evaluator = FilteredRankingEvaluator(eval_config, filters)
     *_, (_, _, stats) = do_eval_and_report_stats(eval_config, None, evaluator, init)
-    return stats.to_dict()
+    flat = stats.to_dict()
+    return {"count": flat["count"], **flat["metrics"]}
 
 
 def main(settings_path: Path, report_path: Path) -> None:

@@ -1,0 +1,116 @@
+"""Where a parameter-server step's time goes, at kge_vs_pbg.py's settings: py-spy on every process.
+
+Runs shoal's parameter server as `kge_vs_pbg.py` does (same flags, same defaults)
+for `--steps` steps under `py-spy record --subprocesses --threads` (on-CPU samples
+only, so a thread's samples are its CPU time and the rest of the run is waiting),
+then sorts every sample of every process and thread into what it was doing, by the
+innermost shoal or torch function on its stack:
+
+- worker thread: sampling (batch indices, negatives), pull request, pull wait
+  (rows not yet there: CPU spent while waiting), forward (the loss), backward,
+  push (gradients split by server and sent), other (the trainer loop, metrics);
+- server thread: apply (the row optimizer), answer (gathering pulled rows), send,
+  and the receive thread: receiving and decoding messages;
+- serialization: any frame in the wire format (headers, blobs).
+
+Also printed: the step-time split the workers measure themselves (metrics.jsonl:
+compute_s and comm_s, the time blocked on pulled rows) and the servers' apply and
+hold times (results.json). py-spy must be installed in this venv
+(`.venv/bin/pip install py-spy`; it needs ptrace, as root or with CAP_SYS_PTRACE).
+
+    .venv/bin/python benchmarks/ps_profile.py [--steps 200] [kge_vs_pbg.py's flags]
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import sys
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from kge_vs_pbg import build_parser, finish_args, shoal_ps_run
+
+BIN = Path(sys.executable).parent
+
+# (category, pattern on one frame "function (file:line)"), tried from the innermost frame out
+CATEGORIES = [
+    ("serialization (wire.py)", re.compile(r"\(.*wire\.py:")),
+    (
+        "server: apply (row optimizer)",
+        re.compile(r"^(_apply|apply) \(.*(server|row_optimizers)\.py"),
+    ),
+    ("server: answer pulls (gather rows)", re.compile(r"^_answer \(.*server\.py")),
+    ("server: send replies", re.compile(r"^(_send|_send_all|_flush) \(.*transport\.py")),
+    ("receive thread: recv + decode", re.compile(r"^(_receive_loop|_payloads) \(.*transport\.py")),
+    ("server: other (inbox, clocks)", re.compile(r"^(serve|receive) \(.*(transport|server)\.py")),
+    ("worker: pull wait", re.compile(r"^wait \(.*client\.py")),
+    ("worker: push", re.compile(r"^push \(.*client\.py")),
+    ("worker: pull request", re.compile(r"^pull \(.*client\.py")),
+    ("worker: sampling", re.compile(r"^(sample|train_batch|global_batch|_global_batch) \(")),
+    ("worker: backward", re.compile(r"^backward \(.*torch")),
+    ("worker: forward (loss)", re.compile(r"^loss \(.*kge/task\.py")),
+    ("evaluation / export", re.compile(r"^(evaluate|export_embeddings|save_artifacts) \(")),
+    ("start-up (imports, data, model)", re.compile(r"^(<module>|load_kg|build_model|__init__) \(")),
+]
+
+
+def categorize(frames: list[str]) -> str:
+    for frame in reversed(frames):
+        for name, pattern in CATEGORIES:
+            if pattern.search(frame):
+                return name
+    return "other (trainer loop, metrics, logging)"
+
+
+def breakdown(raw: Path, rate: int) -> dict[str, dict[str, float]]:
+    """CPU seconds by process and category from py-spy's raw (collapsed) output."""
+    table: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    for line in raw.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        frames = stack.split(";")
+        process = next((f for f in frames if f.startswith("process ")), "process ?")
+        label = "launcher" if "launch" in process and "worker" not in process else process
+        table[label[:60]][categorize(frames)] += int(count) / rate
+    return table
+
+
+def main() -> None:
+    parser = build_parser(__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=200, help="optimizer steps profiled")
+    parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
+    parser.add_argument("--keep", type=Path, default=None, help="copy py-spy's raw output here")
+    args = finish_args(parser.parse_args())
+    with tempfile.TemporaryDirectory() as tmp:
+        work = Path(tmp)
+        raw = work / "pyspy.txt"
+        spy = [str(BIN / "py-spy"), "record", "--subprocesses", "--threads", "--format", "raw"]
+        spy += ["-r", str(args.rate), "-o", str(raw), "--"]
+        run = shoal_ps_run(work, args, "profile", False, args.steps, spy)
+        root = work / "runs" / "profile"
+        records = [json.loads(x) for x in (root / "metrics.jsonl").read_text().splitlines()]
+        steps = [r for r in records if r["event"] == "train"]
+        results = json.loads((root / "results.json").read_text())
+        if args.keep:
+            args.keep.write_bytes(raw.read_bytes())
+        table = breakdown(raw, args.rate)
+    train_s = sum(r["step_s"] for r in steps)
+    compute_s = sum(r["compute_s"] for r in steps)
+    comm_s = sum(r["comm_s"] for r in steps)
+    print(
+        f"{args.steps} steps, {run['triples_per_s']:,.0f} triples/s (under py-spy), step time "
+        f"{train_s:.2f} s per worker: compute {compute_s:.2f} s, blocked on pulled rows "
+        f"{comm_s:.2f} s"
+    )
+    print(json.dumps(results.get("parameter_server", {}), indent=1)[:3000])
+    for process, categories in sorted(table.items()):
+        total = sum(categories.values())
+        print(f"{process}: {total:.2f} CPU s")
+        for name, seconds in sorted(categories.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:40s} {seconds:7.2f} s  {100 * seconds / total:5.1f}%")
+
+
+if __name__ == "__main__":
+    main()
