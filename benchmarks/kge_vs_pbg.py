@@ -108,9 +108,11 @@ def ensure_pbg_venv(path: Path = PBG_VENV) -> Path:
 
 
 def pbg_run(
-    work: Path, args: argparse.Namespace, relations: str, name: str, crosscheck: int
+    work: Path, args: argparse.Namespace, relations: str, name: str, crosscheck: bool
 ) -> dict[str, Any]:
-    """One PBG training run in its venv (pbg_child.py); the report it writes."""
+    """One PBG training run in its venv (pbg_child.py); the report it writes. The
+    crosscheck edges are imported with the data, in every round (the import is cached),
+    and ranked by PBG's evaluator when `crosscheck`."""
     settings = {
         "data": {s: str(DATA / f"{s}.txt.gz") for s in SPLITS},
         "work": str(work),
@@ -127,7 +129,8 @@ def pbg_run(
         "batch_size": args.batch_size,
         "negatives_per_side": args.negatives_per_side,
         "workers": args.workers,
-        "crosscheck": crosscheck,
+        "crosscheck": args.crosscheck,
+        "run_crosscheck": crosscheck,
     }
     path, out = work / f"{name}.settings.json", work / f"{name}.report.json"
     path.write_text(json.dumps(settings))
@@ -379,7 +382,7 @@ def main() -> None:
                     r = shoal_ps_run(work, args, tag, last)
                     model = shoal_model(Path(r["embeddings"])) if last else None
                 else:
-                    check = args.crosscheck if last else 0
+                    check = last and args.crosscheck > 0
                     r = pbg_run(work, args, name.removeprefix("pbg-"), tag, check)
                     model = pbg_model(Path(r["tables"]), data) if last else None
                 if model is not None:

@@ -12,7 +12,7 @@ with PBG's `train()` on a Hogwild pool of `workers` processes, reads the trained
 tables back from PBG's checkpoint files (h5) and writes them, with their labels, as
 `tables.npz` for shoal's evaluator. REPORT.json gets the training times PBG logs
 ("Processed N edges in T s", the Hogwild phase of each epoch) and the wall time of
-the whole `train()` call; with `crosscheck` > 0, also PBG's own filtered ranking of
+the whole `train()` call; with `run_crosscheck`, also PBG's own filtered ranking of
 the first `crosscheck` test triples (dynamic relations only: its evaluator needs
 them), to check the export against shoal's evaluator.
 
@@ -273,7 +273,7 @@ def main(settings_path: Path, report_path: Path) -> None:
     report["checkpoint_parameters"] = export_tables(
         checkpoint, entity_path, Path(report["tables"]), settings["dynamic_relations"]
     )
-    if settings["crosscheck"] and settings["dynamic_relations"]:
+    if settings["run_crosscheck"] and settings["dynamic_relations"]:
         started = time.perf_counter()
         report["crosscheck"] = crosscheck(settings, config, edges, init)
         report["crosscheck"]["pbg_eval_s"] = time.perf_counter() - started

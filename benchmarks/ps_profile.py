@@ -49,7 +49,10 @@ CATEGORIES = [
     ("worker: pull wait", re.compile(r"^wait \(.*client\.py")),
     ("worker: push", re.compile(r"^push \(.*client\.py")),
     ("worker: pull request", re.compile(r"^pull \(.*client\.py")),
-    ("worker: sampling", re.compile(r"^(sample|train_batch|global_batch|_global_batch) \(")),
+    (
+        "worker: sampling",
+        re.compile(r"^(sample|train_batch|global_batch|_global_batch|rows_touched) \("),
+    ),
     ("worker: backward", re.compile(r"^backward \(.*torch")),
     ("worker: forward (loss)", re.compile(r"^loss \(.*kge/task\.py")),
     ("evaluation / export", re.compile(r"^(evaluate|export_embeddings|save_artifacts) \(")),
@@ -57,24 +60,38 @@ CATEGORIES = [
 ]
 
 
+METHOD = re.compile(r"^[\w<>]+\.(?=\w+ \()")  # py-spy names methods "Class.method (file:line)"
+
+
 def categorize(frames: list[str]) -> str:
     for frame in reversed(frames):
+        bare = METHOD.sub("", frame)
         for name, pattern in CATEGORIES:
-            if pattern.search(frame):
+            if pattern.search(bare):
                 return name
     return "other (trainer loop, metrics, logging)"
 
 
 def breakdown(raw: Path, rate: int) -> dict[str, dict[str, float]]:
-    """CPU seconds by process and category from py-spy's raw (collapsed) output."""
+    """CPU seconds by process and category from py-spy's raw (collapsed) output; a process
+    is named by its innermost "process PID:CMDLINE" frame (py-spy nests children)."""
     table: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
     for line in raw.read_text().splitlines():
         stack, _, count = line.rpartition(" ")
         frames = stack.split(";")
-        process = next((f for f in frames if f.startswith("process ")), "process ?")
-        label = "launcher" if "launch" in process and "worker" not in process else process
-        table[label[:60]][categorize(frames)] += int(count) / rate
+        process = [f for f in frames if f.startswith("process ")][-1:] or ["process ?"]
+        pid, _, command = process[0].removeprefix("process ").partition(":")
+        role = "worker (with its server threads)" if "launch.worker" in command else "launcher"
+        table[f"{role} pid {pid}"][categorize(frames)] += int(count) / rate
     return table
+
+
+def print_breakdown(table: dict[str, dict[str, float]]) -> None:
+    for process, categories in sorted(table.items()):
+        total = sum(categories.values())
+        print(f"{process}: {total:.2f} CPU s")
+        for name, seconds in sorted(categories.items(), key=lambda kv: -kv[1]):
+            print(f"  {name:40s} {seconds:7.2f} s  {100 * seconds / total:5.1f}%")
 
 
 def main() -> None:
@@ -82,7 +99,11 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=200, help="optimizer steps profiled")
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--keep", type=Path, default=None, help="copy py-spy's raw output here")
+    parser.add_argument("--raw", type=Path, default=None, help="only sort a kept raw output")
     args = finish_args(parser.parse_args())
+    if args.raw:
+        print_breakdown(breakdown(args.raw, args.rate))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         raw = work / "pyspy.txt"
@@ -105,11 +126,7 @@ def main() -> None:
         f"{comm_s:.2f} s"
     )
     print(json.dumps(results.get("parameter_server", {}), indent=1)[:3000])
-    for process, categories in sorted(table.items()):
-        total = sum(categories.values())
-        print(f"{process}: {total:.2f} CPU s")
-        for name, seconds in sorted(categories.items(), key=lambda kv: -kv[1]):
-            print(f"  {name:40s} {seconds:7.2f} s  {100 * seconds / total:5.1f}%")
+    print_breakdown(table)
 
 
 if __name__ == "__main__":
