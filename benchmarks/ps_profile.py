@@ -1,10 +1,12 @@
 """Where a parameter-server step's time goes, at kge_vs_pbg.py's settings: py-spy on every process.
 
 Runs shoal's parameter server as `kge_vs_pbg.py` does (same flags, same defaults)
-for `--steps` steps under `py-spy record --subprocesses --threads` (on-CPU samples
-only, so a thread's samples are its CPU time and the rest of the run is waiting),
-then sorts every sample of every process and thread into what it was doing, by the
-innermost shoal or torch function on its stack:
+for `--steps` steps under `py-spy record --subprocesses --threads`, then sorts every
+sample of every process and thread into what it was doing, by the innermost shoal or
+torch function on its stack. py-spy leaves out idle threads, but it reports a thread
+blocked in a lock wait with a timeout (`queue.get(timeout=...)`, `Event.wait`) as
+active: such samples are sorted apart as idle ("...: idle"), so the rest is CPU
+time. A gloo `recv` is not told apart: its samples are receiving or waiting.
 
 - worker thread: sampling (batch indices, negatives), pull request, pull wait
   (rows not yet there: CPU spent while waiting), forward (the loss), backward,
@@ -44,7 +46,7 @@ CATEGORIES = [
     ),
     ("server: answer pulls (gather rows)", re.compile(r"^_answer \(.*server\.py")),
     ("server: send replies", re.compile(r"^(_send|_send_all|_flush) \(.*transport\.py")),
-    ("receive thread: recv + decode", re.compile(r"^(_receive_loop|_payloads) \(.*transport\.py")),
+    ("receive thread: gloo recv", re.compile(r"^(_receive_loop|_payloads) \(.*transport\.py")),
     ("server: other (inbox, clocks)", re.compile(r"^(serve|receive) \(.*(transport|server)\.py")),
     ("worker: pull wait", re.compile(r"^wait \(.*client\.py")),
     ("worker: push", re.compile(r"^push \(.*client\.py")),
@@ -63,7 +65,22 @@ CATEGORIES = [
 METHOD = re.compile(r"^[\w<>]+\.(?=\w+ \()")  # py-spy names methods "Class.method (file:line)"
 
 
+IDLE = re.compile(r"^(wait|get) \((threading|queue)\.py:")
+ROLES = [  # for an idle wait: whose thread it is
+    ("worker: pull wait", re.compile(r"^wait \(.*(client|transport)\.py")),
+    ("server thread: idle (inbox empty)", re.compile(r"^serve \(.*transport\.py")),
+    ("heartbeat thread: idle", re.compile(r"heartbeat\.py")),
+]
+
+
 def categorize(frames: list[str]) -> str:
+    bare_frames = [METHOD.sub("", f) for f in frames]
+    if bare_frames and IDLE.search(bare_frames[-1]):
+        for frame in reversed(bare_frames):
+            for name, pattern in ROLES:
+                if pattern.search(frame):
+                    return name
+        return "other thread: idle"
     for frame in reversed(frames):
         bare = METHOD.sub("", frame)
         for name, pattern in CATEGORIES:
@@ -89,7 +106,7 @@ def breakdown(raw: Path, rate: int) -> dict[str, dict[str, float]]:
 def print_breakdown(table: dict[str, dict[str, float]]) -> None:
     for process, categories in sorted(table.items()):
         total = sum(categories.values())
-        print(f"{process}: {total:.2f} CPU s")
+        print(f"{process}: {total:.2f} s sampled")
         for name, seconds in sorted(categories.items(), key=lambda kv: -kv[1]):
             print(f"  {name:40s} {seconds:7.2f} s  {100 * seconds / total:5.1f}%")
 
