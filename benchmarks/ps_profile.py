@@ -37,7 +37,9 @@ from kge_vs_pbg import build_parser, finish_args, shoal_ps_run
 
 BIN = Path(sys.executable).parent
 
-# (category, pattern on one frame "function (file:line)"), tried from the innermost frame out
+# (category, pattern on one frame "function (file:line)"), tried from the innermost frame out;
+# the serving loop is in endpoint.py (transport.py before issue 18's split): both are matched
+SERVING = r"(transport|endpoint)\.py"
 CATEGORIES = [
     ("serialization (wire.py)", re.compile(r"\(.*wire\.py:")),
     (
@@ -45,9 +47,16 @@ CATEGORIES = [
         re.compile(r"^(_apply|apply) \(.*(server|row_optimizers)\.py"),
     ),
     ("server: answer pulls (gather rows)", re.compile(r"^_answer \(.*server\.py")),
-    ("server: send replies", re.compile(r"^(_send|_send_all|_flush) \(.*transport\.py")),
-    ("receive thread: gloo recv", re.compile(r"^(_receive_loop|_payloads) \(.*transport\.py")),
-    ("server: other (inbox, clocks)", re.compile(r"^(serve|receive) \(.*(transport|server)\.py")),
+    ("server: send replies", re.compile(r"^(_send|_send_all|_flush|_reap) \(.*" + SERVING)),
+    (
+        "receive thread: gloo recv",
+        re.compile(r"^(_receive_loop|_payloads?|read|_close|_from_closed) \(.*" + SERVING),
+    ),
+    ("receive thread: gloo recv", re.compile(r"^receive \(.*endpoint\.py")),
+    (
+        "server: other (inbox, clocks)",
+        re.compile(r"^(serve|receive|_rejected) \(.*(transport|endpoint|server)\.py"),
+    ),
     ("worker: pull wait", re.compile(r"^wait \(.*client\.py")),
     ("worker: push", re.compile(r"^push \(.*client\.py")),
     ("worker: pull request", re.compile(r"^pull \(.*client\.py")),
@@ -68,7 +77,7 @@ METHOD = re.compile(r"^[\w<>]+\.(?=\w+ \()")  # py-spy names methods "Class.meth
 IDLE = re.compile(r"^(wait|get) \((threading|queue)\.py:")
 ROLES = [  # for an idle wait: whose thread it is
     ("worker: pull wait", re.compile(r"^wait \(.*(client|transport)\.py")),
-    ("server thread: idle (inbox empty)", re.compile(r"^serve \(.*transport\.py")),
+    ("server thread: idle (inbox empty)", re.compile(r"^serve \(.*" + SERVING)),
     ("heartbeat thread: idle", re.compile(r"heartbeat\.py")),
 ]
 
