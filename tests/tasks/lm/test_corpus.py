@@ -25,7 +25,7 @@ def test_char_tokenizer_round_trip_and_sorted_vocabulary() -> None:
     ids = tokenizer.encode(text)
     assert ids.dtype.name == "int32" and tokenizer.decode(ids.tolist()) == text
     with pytest.raises(UnknownCharacter) as caught:
-        tokenizer.encode("hello!")
+        tokenizer.encode("héllo!")
     assert (caught.value.char, caught.value.position) == ("!", 5)
 
 

@@ -13,7 +13,7 @@ import torch.nn.functional as F
 
 import shoal
 from shoal.checkpoint.manager import list_checkpoints
-from shoal.errors import DataError
+from shoal.errors import DataError, JobFailed
 from shoal.tasks.lm.tokenizer import TOKENIZER_FILE, Tokenizer
 from tests.conftest import data_parallel, final_state
 from tests.tasks.lm.helpers import lm_job, write_text
@@ -37,7 +37,7 @@ def test_data_parallel_reproduces_local_and_the_loss_falls(runs: Path, tmp_path:
     ]
     vocab = Tokenizer.load(runs / "local" / TOKENIZER_FILE).vocab_size
     assert losses[0] == pytest.approx(math.log(vocab), rel=0.1), "starts near uniform"
-    assert sum(losses[-3:]) / 3 < losses[0] - 0.8, f"the loss falls: {losses}"
+    assert sum(losses[-3:]) / 3 < losses[0] - 0.5, f"the loss falls: {losses}"
     assert local["valid"]["perplexity"] == pytest.approx(math.exp(local["valid"]["loss"]))
 
 
@@ -73,6 +73,7 @@ def test_loss_is_the_mean_per_token(runs: Path, tmp_path: Path) -> None:
 
 
 def test_resume_is_exact_and_checkpoints_carry_the_tokenizer(runs: Path, tmp_path: Path) -> None:
+    """A run that crashes at step 8 and resumes from step 5 ends bit-identical (dropout on)."""
     text = write_text(tmp_path)
     common = {
         "train": {"max_steps": 12, "warmup_steps": 3, "lr_decay": "cosine"},
@@ -80,16 +81,20 @@ def test_resume_is_exact_and_checkpoints_carry_the_tokenizer(runs: Path, tmp_pat
         "checkpoint": {"every_steps": 5},
     }
     full = shoal.train(lm_job(runs, text, **common, run={"name": "full"}))
-    cut = lm_job(runs, text, **common, run={"name": "cut"})
-    cut["train"]["max_steps"] = 5
-    shoal.train(cut)
+    with pytest.raises((JobFailed, RuntimeError), match="injected fault at step 8"):
+        shoal.train(
+            lm_job(
+                runs, text, **common, run={"name": "cut"}, faults={"inject": {"rank": 0, "step": 8}}
+            )
+        )
     for checkpoint in list_checkpoints(runs / "cut" / "checkpoints"):
         saved = (checkpoint / TOKENIZER_FILE).read_text()
         assert saved == (runs / "cut" / TOKENIZER_FILE).read_text()
-    resumed = shoal.train(resume=runs / "cut", overrides=["train.max_steps=12"])
+    resumed = shoal.train(resume=runs / "cut")
     assert resumed["steps"] == 12
     a, b = final_state(resumed)["model"], final_state(full)["model"]
     assert all(torch.equal(a[k], b[k]) for k in a), "the resumed run ends bit-identical"
+    assert resumed["valid"] == full["valid"]
     # without its only "q", the text would give a smaller vocabulary: the run keeps its own
     text.write_text(text.read_text().replace("q", "k"))
     longer = shoal.train(resume=runs / "cut", overrides=["train.max_steps=14"])
