@@ -2,13 +2,16 @@
 
 The same config and command run on many machines:
 `torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT -m shoal train job.toml`.
-Rank 0 creates the run directory and tells the others its name over the process
-group. Rank 0 writes metrics, results and checkpoints; every rank writes its log
-under the same run directory on its own machine.
+Rank 0 creates the run directory (or takes the resumed one), holds its lock for
+the whole job (run/lock.py), and tells the others its name, or why it cannot,
+over the process group. Rank 0 writes metrics, results and checkpoints; every
+rank writes its log under the same run directory on its own machine.
 """
 
 from __future__ import annotations
 
+import json
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -17,12 +20,14 @@ import torch
 
 from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.config import dump_config
+from shoal.errors import ShoalError
 from shoal.launch.job import run_job
 from shoal.launch.plan import JobPlan
 from shoal.launch.process_group import Placement, join_process_group, shutdown_process_group
 from shoal.launch.reports import write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths, create_run_dir
+from shoal.run.lock import RunLock
 from shoal.runtime.collectives import barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
 
@@ -43,17 +48,20 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
     config = plan.config
     device, backend = join_process_group(config, placement)
     failed = False
+    held = ExitStack()
     try:
         peers = _Peers(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
-        root = plan.run_root
-        if root is None:
-            created = None
-            if rank == 0:
-                created = create_run_dir(Path(config.run.dir), plan.run_name).root
-                atomic_write_bytes(RunPaths(created).config, dump_config(config).encode())
-            announced = broadcast_bytes(peers, str(created).encode() if created else None)
-            root = Path(announced.decode())
-        paths = RunPaths(root)
+        claim: dict[str, str] = {}
+        if rank == 0:
+            try:
+                claim = {"root": str(_claim_run(plan, held))}
+            except ShoalError as exc:
+                claim = {"error": str(exc)}
+        announced = json.loads(broadcast_bytes(peers, json.dumps(claim).encode()).decode())
+        if "error" in announced:
+            failed = True
+            raise ShoalError(announced["error"])
+        paths = RunPaths(Path(announced["root"]))
         paths.logs.mkdir(parents=True, exist_ok=True)  # other machines may not share the folder
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         barrier(peers)
@@ -70,6 +78,7 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
             launch_mode="torchrun",
             log=log,
             resume_from=plan.resume_from,
+            allow_changes=plan.allow_changes,
         )
         try:
             results = run_job(ctx)
@@ -83,3 +92,15 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
         return results
     finally:
         shutdown_process_group(graceful=not failed)
+        held.close()
+
+
+def _claim_run(plan: JobPlan, held: ExitStack) -> Path:
+    """Rank 0: the run directory, created for a new run, and locked in `held`."""
+    if plan.run_root is not None:
+        held.enter_context(RunLock(RunPaths(plan.run_root).lock))
+        return plan.run_root
+    paths = create_run_dir(Path(plan.config.run.dir), plan.run_name)
+    held.enter_context(RunLock(paths.lock))
+    atomic_write_bytes(paths.config, dump_config(plan.config).encode())
+    return paths.root

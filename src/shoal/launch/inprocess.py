@@ -16,7 +16,9 @@ from shoal.run import RunPaths
 from shoal.runtime.context import WorkerContext
 
 
-def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None) -> dict[str, Any]:
+def run_in_process(
+    config: ShoalConfig, paths: RunPaths, resume_from: str | None, allow_changes: bool = False
+) -> dict[str, Any]:
     fault = config.faults.inject
     if fault is not None and (fault.kind not in ("raise", "nan") or fault.rank != 0):
         raise ShoalError(
@@ -40,6 +42,7 @@ def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None
             launch_mode="inprocess",
             log=log,
             resume_from=resume_from,
+            allow_changes=allow_changes,
         )
         return run_job(ctx)
     except Exception as exc:
