@@ -43,6 +43,19 @@ class LMTask(Task):
     """A decoder-only transformer trained to predict the next token of a text."""
 
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")
+    # the parameters' shapes (and the learned position table's), and what the ids mean
+    resume_incompatible: ClassVar[tuple[str, ...]] = (
+        "tokenizer",
+        "model.dim",
+        "model.heads",
+        "model.layers",
+        "model.mlp_ratio",
+        "model.context",
+        "model.bias",
+        "model.position",
+        "model.tie_embeddings",
+    )
+    resume_safe: ClassVar[tuple[str, ...]] = ("evaluation.max_windows",)
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
