@@ -97,12 +97,12 @@ def test_resume_is_exact_and_checkpoints_carry_the_tokenizer(runs: Path, tmp_pat
     assert resumed["valid"] == full["valid"]
     # without its only "q", the text would give a smaller vocabulary: the run keeps its own
     text.write_text(text.read_text().replace("q", "k"))
-    with pytest.raises(ConfigError, match="task.data.train"):
+    with pytest.raises(ConfigError, match=r"task\.data\.train"):
         shoal.train(resume=runs / "cut", overrides=["train.max_steps=14"])
     longer = shoal.train(resume=runs / "cut", overrides=["train.max_steps=14"], allow_changes=True)
     assert longer["steps"] == 14 and longer["data"]["vocab_size"] == full["data"]["vocab_size"]
     text.write_text(text.read_text() + "#")
     with pytest.raises(DataError, match="character '#' is not in this run's vocabulary"):
         shoal.train(resume=runs / "cut", overrides=["train.max_steps=16"], allow_changes=True)
-    with pytest.raises(ConfigError, match="task.model.layers"):
+    with pytest.raises(ConfigError, match=r"task\.model\.layers"):
         shoal.train(resume=runs / "cut", overrides=["task.model.layers=3"], allow_changes=True)
