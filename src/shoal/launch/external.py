@@ -20,7 +20,7 @@ import torch
 
 from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.config import dump_config
-from shoal.errors import ShoalError
+from shoal.errors import RunStopped, ShoalError
 from shoal.launch.job import run_job
 from shoal.launch.plan import JobPlan
 from shoal.launch.process_group import Placement, join_process_group, shutdown_process_group
@@ -30,6 +30,7 @@ from shoal.run import RunPaths, create_run_dir
 from shoal.run.lock import RunLock
 from shoal.runtime.collectives import barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.stop import stop_on_signals
 
 
 @dataclass
@@ -81,7 +82,11 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
             allow_changes=plan.allow_changes,
         )
         try:
-            results = run_job(ctx)
+            with stop_on_signals(log):
+                results = run_job(ctx)
+        except RunStopped as exc:
+            log.info("%s", exc)
+            raise
         except Exception as exc:
             failed = True
             log.exception("rank %d failed", rank)
