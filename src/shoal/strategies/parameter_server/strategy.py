@@ -46,8 +46,10 @@ from shoal.strategies.parameter_server.transport import (
     RemoteLink,
 )
 from shoal.tasks.base import Task
+from shoal.tasks.kge.config import KGETaskConfig
 from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.task import KGETask
+from shoal.tasks.kge.training_types import unserved_reason
 from shoal.training.contracts import GradientSync
 from shoal.training.faults import maybe_inject_fault
 
@@ -83,6 +85,10 @@ class ParameterServerStrategy(Strategy):
                 f"strategy parameter_server serves embedding tables: it trains task type "
                 f"'kge', not {config.task.type!r}; use data_parallel for dense models"
             )
+        assert isinstance(config.task, KGETaskConfig)
+        reason = unserved_reason(config.task)
+        if reason is not None:
+            raise ConfigError(f"strategy parameter_server cannot train {reason}")
 
     @property
     def config(self) -> ParameterServerStrategyConfig:
@@ -121,7 +127,7 @@ class ParameterServerStrategy(Strategy):
                 config.sharding, config.num_servers, task.data.entities.labels, False
             ),
             "relation": table_owners(
-                config.sharding, config.num_servers, task.data.relations.labels, True
+                config.sharding, config.num_servers, task.relation_labels, True
             ),
         }
         server = self._my_server()
@@ -228,7 +234,7 @@ class ParameterServerStrategy(Strategy):
             config.max_message_rows,
             self.ctx.config.faults.timeout_s,
         )
-        self.served = ServedRows(self.client, self.task.num_entities, self.task.num_relations)
+        self.served = ServedRows(self.client, self.task.num_entities, self.task.relation_rows)
         self._check_budget(widths)
 
     def _check_budget(self, widths: tuple[int, int]) -> None:
@@ -244,8 +250,9 @@ class ParameterServerStrategy(Strategy):
         negatives = task.config.negatives
         share = -(-train.batch_size // config.num_workers)
         chunks = -(-share // negatives.chunk_size)
-        entity_rows = min(task.num_entities, 2 * share + chunks * negatives.num_negatives)
-        relation_rows = min(task.num_relations, share)
+        per_chunk = sum(count for _, count in negatives.side_counts)
+        entity_rows = min(task.num_entities, 2 * share + chunks * per_chunk)
+        relation_rows = min(task.relation_rows, 2 * share)
         batch_bytes = 4 * (entity_rows * widths[0] + relation_rows * widths[1])
         train_bytes = (3 if config.prefetch else 2) * batch_bytes
         self.served.block_rows = min(entity_rows, config.max_message_rows)
@@ -257,7 +264,7 @@ class ParameterServerStrategy(Strategy):
         )
         owners_bytes = sum(o.nbytes for o in self.owners.values())
         self.bound_bytes = max(train_bytes, eval_bytes) + owners_bytes
-        table_bytes = 4 * (task.num_entities * widths[0] + task.num_relations * widths[1])
+        table_bytes = 4 * (task.num_entities * widths[0] + task.relation_rows * widths[1])
         self.ctx.log.info(
             "parameter server worker %d: holds at most %.3f MiB of rows and scores "
             "(the tables: %.3f MiB)",
@@ -270,7 +277,7 @@ class ParameterServerStrategy(Strategy):
             raise ShoalError(
                 f"strategy.worker_memory_budget_mb = {budget:g}: a worker would hold up to "
                 f"{self.bound_bytes / MIB:.3f} MiB (training: batch share {share} with "
-                f"{negatives.num_negatives} negatives per chunk, {train_bytes / MIB:.3f} MiB; "
+                f"{per_chunk} negatives per chunk, {train_bytes / MIB:.3f} MiB; "
                 f"evaluation: batch {eval_batch} against {task.num_entities} entities, "
                 f"{eval_bytes / MIB:.3f} MiB); lower train.batch_size or "
                 "task.evaluation.batch_size, or raise num_workers or the budget"
