@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import Any
 
 from shoal.config.loading import ConfigSource
+from shoal.launch.environment import external_launch
 from shoal.launch.plan import create_run, plan_job
-from shoal.launch.process_group import launched_by_torchrun
 
 
 def train(
@@ -23,17 +23,19 @@ def train(
     `config` is a TOML path, a dict or a ShoalConfig; `workers` starts that many
     local worker processes (data-parallel strategies); `overrides` are `--set`
     items such as "train.epochs=3"; `resume` is a run directory (continue from its
-    newest checkpoint) or one checkpoint folder. Under torchrun, this process
-    joins the launched job instead of starting workers.
+    newest checkpoint) or one checkpoint folder. Under torchrun (or as a task of
+    a Slurm `srun` step), this process joins the launched job instead of starting
+    workers.
 
     >>> results = shoal.train("examples/demo.toml", workers=2)
     >>> results["valid"]["accuracy"]
     """
     plan = plan_job(config, overrides, workers, resume)
-    if launched_by_torchrun():
-        from shoal.launch.external import run_under_torchrun
+    launch = external_launch()
+    if launch is not None:
+        from shoal.launch.external import run_external
 
-        return run_under_torchrun(plan)
+        return run_external(plan, launch)
     paths = create_run(plan)
     if plan.in_process:
         from shoal.launch.inprocess import run_in_process

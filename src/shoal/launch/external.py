@@ -1,30 +1,42 @@
-"""Join a job launched by torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_*).
+"""Join a job that another launcher started: torchrun, or the tasks of a Slurm `srun` step.
 
 The same config and command run on many machines:
-`torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT -m shoal train job.toml`.
-Rank 0 creates the run directory and tells the others its name over the process
-group. Rank 0 writes metrics, results and checkpoints; every rank writes its log
-under the same run directory on its own machine.
+`torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT -m shoal train job.toml`
+or `srun --ntasks-per-node 4 shoal train job.toml`. Every rank first settles where
+its peers reach it (`[run] bind`, see network.py) and joins the process group:
+under torchrun through torchrun's store (MASTER_ADDR, MASTER_PORT); under Slurm
+rank 0 hosts the store itself, listening only on the address MASTER_ADDR names.
+The ranks then learn which of them share a host. Rank 0 creates the run
+directory and tells the others its name over the process group; it writes
+metrics, results and checkpoints; every rank writes its log under the same run
+directory on its own machine.
 """
 
 from __future__ import annotations
 
+import datetime
+import socket
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from shoal.checkpoint.atomic import atomic_write_bytes
-from shoal.config import dump_config
+from shoal.config import ShoalConfig, dump_config
+from shoal.errors import ShoalError
+from shoal.launch.environment import ExternalLaunch
 from shoal.launch.job import run_job
+from shoal.launch.network import resolve_bind, use_for_gloo
 from shoal.launch.plan import JobPlan
-from shoal.launch.process_group import Placement, join_process_group, shutdown_process_group
+from shoal.launch.process_group import join_process_group, shutdown_process_group
 from shoal.launch.reports import write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths, create_run_dir
 from shoal.runtime.collectives import barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.hosts import Hosts
 
 
 @dataclass
@@ -37,14 +49,52 @@ class _Peers:
     distributed: bool = True
 
 
-def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
-    placement = Placement.from_env()
+def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store | None:
+    """The store of a Slurm step (rank 0 hosts it; the others connect); None under torchrun.
+
+    Rank 0 listens on the address MASTER_ADDR resolves to, which must be one of
+    its own: never on every interface of the machine.
+    """
+    if launch.launcher != "slurm":
+        return None
+    timeout = datetime.timedelta(seconds=config.faults.start_timeout_s)
+    host, port = launch.master_addr, launch.master_port
+    if not launch.hosts_store:
+        return dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(128)
+    except OSError as exc:
+        raise ShoalError(
+            f"Slurm: rank 0 (host {socket.gethostname()}) cannot listen on MASTER_ADDR:MASTER_PORT "
+            f"{host}:{port} ({exc.strerror or exc}); MASTER_ADDR must name this host (the step's "
+            "first node) and the port must be free: export MASTER_ADDR / MASTER_PORT before srun"
+        ) from None
+    return dist.TCPStore(
+        host,
+        port,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
+
+
+def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
+    placement = launch.placement
     rank, world_size = placement.rank, placement.world_size
     config = plan.config
-    device, backend = join_process_group(config, placement)
+    binding = resolve_bind(config.run.bind, launch.master_addr)
+    use_for_gloo(binding)
+    store = job_store(launch, config)
+    device, backend = join_process_group(config, placement, store)
     failed = False
     try:
         peers = _Peers(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
+        hosts = Hosts.gather(peers, binding.address)
         root = plan.run_root
         if root is None:
             created = None
@@ -58,6 +108,16 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         barrier(peers)
         log = worker_logger(rank, paths.log_file(rank))
+        log.info(
+            "rank %d of %d joined (%s, %s on %s); gloo listens on %s; hosts: %s",
+            rank,
+            world_size,
+            launch.launcher,
+            backend,
+            device,
+            binding.describe(),
+            hosts.describe(),
+        )
         ctx = WorkerContext(
             config=config,
             paths=paths,
@@ -67,8 +127,9 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
             local_world_size=placement.local_world_size,
             device=device,
             backend=backend,
-            launch_mode="torchrun",
+            launch_mode=launch.launcher,
             log=log,
+            hosts=hosts,
             resume_from=plan.resume_from,
         )
         try:
@@ -83,3 +144,4 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
         return results
     finally:
         shutdown_process_group(graceful=not failed)
+        del store

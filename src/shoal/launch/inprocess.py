@@ -14,6 +14,7 @@ from shoal.launch.reports import write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.hosts import Hosts
 
 
 def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None) -> dict[str, Any]:
@@ -39,6 +40,7 @@ def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None
             backend=None,
             launch_mode="inprocess",
             log=log,
+            hosts=Hosts.single(1),
             resume_from=resume_from,
         )
         return run_job(ctx)

@@ -32,6 +32,7 @@ from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.heartbeat import Heartbeat
+from shoal.runtime.hosts import Hosts
 
 
 def _die_with_launcher() -> None:
@@ -85,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             backend=backend,
             launch_mode="shoal",
             log=log,
+            hosts=Hosts.single(world_size),
             resume_from=args.resume,
             heartbeat=heartbeat,
         )

@@ -10,11 +10,12 @@ import torch
 
 from shoal.config import ShoalConfig
 from shoal.run import RunPaths
+from shoal.runtime.hosts import Hosts
 
 if TYPE_CHECKING:
     from shoal.runtime.heartbeat import Heartbeat
 
-LaunchMode = Literal["inprocess", "shoal", "torchrun"]
+LaunchMode = Literal["inprocess", "shoal", "torchrun", "slurm"]
 
 
 @dataclass
@@ -36,6 +37,8 @@ class WorkerContext:
     backend: str | None
     launch_mode: LaunchMode
     log: logging.Logger
+    #: which ranks share a machine (placement by host, naming a lost host)
+    hosts: Hosts
     resume_from: str | None = None
     heartbeat: Heartbeat | None = None
     #: the process group of this context's collectives (None: the whole world). A strategy
