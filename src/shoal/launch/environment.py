@@ -40,7 +40,7 @@ def external_launch(env: Mapping[str, str] | None = None) -> ExternalLaunch | No
             port = int(env["MASTER_PORT"])
         except ValueError:
             raise ShoalError(f"MASTER_PORT={env['MASTER_PORT']!r}: not a port number") from None
-        return ExternalLaunch("torchrun", Placement.from_env(), env["MASTER_ADDR"], port)
+        return ExternalLaunch("torchrun", Placement.from_env(env), env["MASTER_ADDR"], port)
     step = SlurmStep.from_env(env)
     if step is None:
         return None
