@@ -118,6 +118,14 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             binding.describe(),
             hosts.describe(),
         )
+        if rank == 0 and plan.world_size != world_size:
+            log.warning(
+                "the config describes %d worker processes, %s started %d: the job runs on %d",
+                plan.world_size,
+                launch.launcher,
+                world_size,
+                world_size,
+            )
         ctx = WorkerContext(
             config=config,
             paths=paths,
