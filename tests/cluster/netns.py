@@ -46,6 +46,21 @@ SUBNET = "10.213.0"
 NETNS_ETC = Path("/etc/netns")
 _OWNED = re.compile(rf"^{PREFIX}(\d+)-")
 
+RECEIVE = """
+import socket, sys, time
+s = socket.socket(); s.bind((sys.argv[1], 0)); s.listen(1); print(s.getsockname()[1], flush=True)
+c, _ = s.accept(); n = 0; t = None
+while True:
+    d = c.recv(1 << 20)
+    if not d: break
+    t = t or time.monotonic(); n += len(d)
+print(n * 8 / (time.monotonic() - t) / 1e6, socket.gethostname(), flush=True)
+"""
+SEND = """
+import socket, sys
+c = socket.create_connection((sys.argv[1], int(sys.argv[2]))); c.sendall(b"x" * (int(sys.argv[3]) << 20)); c.close()
+"""
+
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     done = subprocess.run(["ip", *args], capture_output=True, text=True, timeout=30)
@@ -70,7 +85,7 @@ def unavailable() -> str | None:
     return None
 
 
-def _namespaces() -> list[str]:
+def namespaces() -> list[str]:
     listed = _ip("netns", "list", check=False).stdout
     return [line.split()[0] for line in listed.splitlines() if line.strip()]
 
@@ -98,7 +113,7 @@ def _remove_namespace(name: str) -> None:
 def remove_leftovers() -> list[str]:
     """Delete namespaces an earlier, killed run of these tests left behind (owner pid gone)."""
     removed = []
-    for name in _namespaces():
+    for name in namespaces():
         owner = _OWNED.match(name)
         if owner and not _alive(int(owner.group(1))):
             _remove_namespace(name)
@@ -217,6 +232,28 @@ class Cluster:
             netem = tried.stderr.strip() or "netem failed"
         _ip(*tc, "tbf", "rate", rate, "burst", "128kb", "limit", "4mb")
         return netem
+
+    def measure_mbit(self, receiver: int, sender: int, megabytes: int = 3) -> tuple[float, str]:
+        """Mbit/s of a TCP transfer from host `sender` to host `receiver` (reached by name),
+        and the receiver's host name: proof that names resolve and that the shaping holds."""
+        host = self.hosts[receiver]
+        listening = subprocess.Popen(
+            self.command(host, [sys.executable, "-c", RECEIVE, host.address]),
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        try:
+            assert listening.stdout is not None
+            port = listening.stdout.readline().strip()
+            send = [sys.executable, "-c", SEND, host.name, port, str(megabytes)]
+            sent = self.run(self.hosts[sender], send)
+            if sent.returncode != 0:
+                raise RuntimeError(f"sending to {host.name} failed: {sent.stderr.strip()}")
+            rate, name = listening.communicate(timeout=120)[0].split()
+            return float(rate), name
+        finally:
+            listening.kill()
+            listening.wait()
 
     def link_down(self, host: Host) -> None:
         """Cut a host off the network (its switch port goes down): its processes keep running."""

@@ -1,0 +1,127 @@
+"""Two hosts over a slow link: data-parallel step time by aggregation method (as root).
+
+    .venv/bin/python benchmarks/multi_host.py --rate-mbit 100 --rounds 2
+    .venv/bin/python benchmarks/multi_host.py --rate-mbit 1000 --rounds 2
+
+Builds a cluster of `--hosts` hosts in network namespaces (tests/cluster/netns.py:
+own address and host name, a bridge between them, every host's link shaped to
+`--rate-mbit` each way with tc) and runs dp_vs_ddp's model (the MLP
+[1024, 2048, 2048, 2048, 10], 10.5M parameters, 40 MiB of gradients per step) as
+a user would on each host: `torchrun --nnodes H --nproc-per-node P --rdzv-backend
+c10d -m shoal train job.toml`. Ranks on one host talk over that host's loopback;
+only traffic between hosts crosses the shaped links. Contenders alternate within
+each round. Step time is the mean over the timed steps (after `--skip`) of
+shoal's own step time (forward, backward, gradient communication, optimizer step),
+from rank 0's metrics.jsonl; a cell is the median over rounds. Everything is
+removed at the end, also on failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.cluster.jobs import torchrun_job  # noqa: E402
+from tests.cluster.netns import Cluster, unavailable  # noqa: E402
+
+CONTENDERS: dict[str, dict[str, Any]] = {
+    "native": {"method": "native"},
+    "ring": {"method": "ring"},
+    "hierarchical": {"method": "hierarchical"},
+    "hierarchical + top-k 1%": {
+        "method": "hierarchical",
+        "compression": {"kind": "topk", "ratio": 0.01},
+    },
+}
+
+
+def dp_job(aggregation: dict[str, Any], args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "task": {
+            "type": "classification",
+            "data": {
+                "samples": 20000,
+                "features": 1024,
+                "informative": 16,
+                "classes": 10,
+                "seed": 0,
+                "valid_fraction": 0.2,
+            },
+            "model": {"hidden": [2048, 2048, 2048]},
+        },
+        "strategy": {
+            "type": "data_parallel",
+            "num_replicas": args.hosts * args.per_host,
+            "aggregation": aggregation,
+        },
+        "train": {
+            "max_steps": args.steps,
+            "batch_size": 256,
+            "seed": 0,
+            "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.9},
+            "eval_every_epochs": 0,
+        },
+        "checkpoint": {"every_epochs": 0, "at_end": False, "keep_best": False},
+        "monitor": {"log_every_steps": 1, "progress": "off"},
+        "faults": {"timeout_s": 600},
+    }
+
+
+def step_seconds(run_dir: Path, skip: int) -> float:
+    records = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    timed = [r for r in records if r["event"] == "train" and r["step"] > skip]
+    return sum(r["step_s"] for r in timed) / len(timed)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--hosts", type=int, default=2)
+    parser.add_argument("--per-host", type=int, default=2, help="ranks per host")
+    parser.add_argument("--rate-mbit", type=float, default=100.0)
+    parser.add_argument("--steps", type=int, default=12)
+    parser.add_argument("--skip", type=int, default=2, help="steps not timed (warm-up)")
+    parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS))
+    parser.add_argument("--work", type=Path, default=Path("/tmp/shoal-multi-host"))
+    args = parser.parse_args()
+    why_not = unavailable()
+    if why_not:
+        sys.exit(why_not)
+    args.work.mkdir(parents=True, exist_ok=True)
+    times: dict[str, list[float]] = {name: [] for name in args.contenders}
+    with Cluster(args.hosts, tag="bench") as cluster:
+        shaping = cluster.shape(args.rate_mbit)
+        rate, _ = cluster.measure_mbit(receiver=0, sender=1, megabytes=8)
+        print(f"{args.hosts} hosts x {args.per_host} ranks; {shaping}; measured {rate:.1f} Mbit/s")
+        for round_ in range(args.rounds):
+            for name in args.contenders:
+                label = name.replace(" ", "").replace("+", "-").replace("%", "")
+                job = dp_job(CONTENDERS[name], args)
+                run = torchrun_job(
+                    cluster, job, args.work, f"{label}-{round_}-{int(args.rate_mbit)}",
+                    nproc_per_node=args.per_host, timeout=3000,
+                )  # fmt: skip
+                run.check()
+                times[name].append(step_seconds(run.run_dir, args.skip))
+                print(f"round {round_ + 1} {name}: {times[name][-1]:.3f} s/step", flush=True)
+    native = statistics.median(times["native"]) if times.get("native") else None
+    print(f"\n| method | step (s), median of {args.rounds} | rounds | vs native | vs ring |")
+    print("|---|---|---|---|---|")
+    ring = statistics.median(times["ring"]) if times.get("ring") else None
+    for name, found in times.items():
+        median = statistics.median(found)
+        cells = " ".join(f"{t:.3f}" for t in found)
+        vs_native = f"{native / median:.2f}x" if native else "-"
+        vs_ring = f"{ring / median:.2f}x" if ring else "-"
+        print(f"| {name} | {median:.3f} | {cells} | {vs_native} | {vs_ring} |")
+
+
+if __name__ == "__main__":
+    main()
