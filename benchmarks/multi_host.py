@@ -28,7 +28,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster.jobs import torchrun_job  # noqa: E402
+from tests.cluster.jobs import start_torchrun  # noqa: E402
 from tests.cluster.netns import Cluster, unavailable  # noqa: E402
 
 CONTENDERS: dict[str, dict[str, Any]] = {
@@ -104,10 +104,8 @@ def main() -> None:
             for name in args.contenders:
                 label = name.replace(" ", "").replace("+", "-").replace("%", "")
                 job = dp_job(CONTENDERS[name], args)
-                run = torchrun_job(
-                    cluster, job, args.work, f"{label}-{round_}-{int(args.rate_mbit)}",
-                    nproc_per_node=args.per_host, timeout=3000,
-                )  # fmt: skip
+                name = f"{label}-{round_}-{int(args.rate_mbit)}"
+                run = start_torchrun(cluster, job, args.work, name, args.per_host).wait(3000)
                 run.check()
                 times[name].append(step_seconds(run.run_dir, args.skip))
                 print(f"round {round_ + 1} {name}: {times[name][-1]:.3f} s/step", flush=True)

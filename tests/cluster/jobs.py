@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,9 +39,25 @@ def clean_env(**extra: str) -> dict[str, str]:
 class ClusterRun:
     """The processes of one job across the cluster, and where its run directory is."""
 
+    cluster: Cluster
     run_dir: Path
-    codes: list[int] = field(default_factory=list)
+    folder: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     outputs: list[Path] = field(default_factory=list)
+    codes: list[int] = field(default_factory=list)
+
+    def start(self, host: Host, cmd: list[str], env: dict[str, str], label: str) -> None:
+        """Start one of the job's processes on `host`, its output in `<folder>/<label>.out`."""
+        output = self.folder / f"{label}.out"
+        self.outputs.append(output)
+        self.processes.append(
+            self.cluster.popen(host, cmd, env=env, cwd=self.folder, output=output)
+        )
+
+    def wait(self, timeout: float = JOB_TIMEOUT_S) -> ClusterRun:
+        """Wait for every process (killed after `timeout`); their exit codes go to `codes`."""
+        self.codes = self.cluster.wait_all(self.processes, timeout)
+        return self
 
     def output(self, index: int) -> str:
         path = self.outputs[index]
@@ -76,7 +93,7 @@ def write_job(config: dict[str, Any], folder: Path, name: str) -> tuple[Path, Pa
     return job, runs / name
 
 
-def torchrun_job(
+def start_torchrun(
     cluster: Cluster,
     config: dict[str, Any],
     folder: Path,
@@ -84,24 +101,20 @@ def torchrun_job(
     nproc_per_node: int = 2,
     hosts: list[Host] | None = None,
     args: tuple[str, ...] = (),
-    timeout: float = JOB_TIMEOUT_S,
+    env: dict[str, str] | None = None,
 ) -> ClusterRun:
     """One torchrun per host, rendezvous (c10d) on the first host at a port free there."""
     hosts = hosts or cluster.hosts
     job, run_dir = write_job(config, folder, name)
     port = cluster.free_port(hosts[0])
-    run = ClusterRun(run_dir)
-    processes = []
+    run = ClusterRun(cluster, run_dir, folder)
     for host in hosts:
         cmd = [
             TORCHRUN, "--nnodes", str(len(hosts)), "--nproc-per-node", str(nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0].name}:{port}",
             "-m", "shoal", "train", str(job), *args,
         ]  # fmt: skip
-        output = folder / f"{name}-{host.name}.out"
-        run.outputs.append(output)
-        processes.append(cluster.popen(host, cmd, env=clean_env(), cwd=folder, output=output))
-    run.codes = cluster.wait_all(processes, timeout)
+        run.start(host, cmd, clean_env(**(env or {})), f"{name}-{host.name}")
     return run
 
 
@@ -127,26 +140,21 @@ def slurm_env(
     }
 
 
-def slurm_job(
+def start_slurm(
     cluster: Cluster,
     config: dict[str, Any],
     folder: Path,
     name: str,
     tasks_per_node: int = 2,
     hosts: list[Host] | None = None,
-    timeout: float = JOB_TIMEOUT_S,
+    env: dict[str, str] | None = None,
 ) -> ClusterRun:
     """`srun --ntasks-per-node T shoal train job.toml` over `hosts`: every task started here."""
     hosts = hosts or cluster.hosts
     job, run_dir = write_job(config, folder, name)
-    run = ClusterRun(run_dir)
-    processes = []
+    run = ClusterRun(cluster, run_dir, folder)
     for rank in range(len(hosts) * tasks_per_node):
-        host = hosts[rank // tasks_per_node]
-        env = clean_env(**slurm_env(cluster, hosts, tasks_per_node, rank))
-        output = folder / f"{name}-task{rank}.out"
-        run.outputs.append(output)
+        task_env = clean_env(**slurm_env(cluster, hosts, tasks_per_node, rank), **(env or {}))
         cmd = [sys.executable, "-m", "shoal", "train", str(job)]
-        processes.append(cluster.popen(host, cmd, env=env, cwd=folder, output=output))
-    run.codes = cluster.wait_all(processes, timeout)
+        run.start(hosts[rank // tasks_per_node], cmd, task_env, f"{name}-task{rank}")
     return run

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 import shoal
-from tests.cluster.jobs import slurm_job, torchrun_job
+from tests.cluster.jobs import start_slurm, start_torchrun
 from tests.cluster.netns import Cluster
 from tests.conftest import final_state, small_job
 
@@ -64,7 +64,7 @@ def test_torchrun_two_hosts_hierarchical_equals_one_process(
     """Ranks grouped by host; gloo on each host's own interface, chosen by the route."""
     cluster = make_cluster(2)
     job = small_job(tmp_path / "runs", strategy=_dp({"method": "hierarchical"}))
-    run = torchrun_job(cluster, job, tmp_path, "two")
+    run = start_torchrun(cluster, job, tmp_path, "two").wait()
     results = run.check()
     assert results["world_size"] == 4 and results["steps"] == one_process["steps"]
     log = run.log(3)
@@ -80,7 +80,7 @@ def test_slurm_step_two_hosts_without_torchrun(
     """srun's environment alone (rank, world, node list): rank 0 hosts the store on host 0."""
     cluster = make_cluster(2)
     job = small_job(tmp_path / "runs", strategy=_dp({"method": "native"}), run={"bind": "eth0"})
-    run = slurm_job(cluster, job, tmp_path, "slurm")
+    run = start_slurm(cluster, job, tmp_path, "slurm").wait()
     results = run.check()
     assert results["world_size"] == 4
     log = run.log(2)
@@ -114,7 +114,7 @@ def test_torchrun_two_hosts_every_aggregation(
     cluster = make_cluster(2)
     aggregation = EXACT.get(method) or INEXACT[method]
     job = small_job(tmp_path / "runs", strategy=_dp(aggregation))
-    results = torchrun_job(cluster, job, tmp_path, "two").check()
+    results = start_torchrun(cluster, job, tmp_path, "two").wait().check()
     reference = one_host if method in EXACT else _one_host(tmp_path, aggregation, "one")
     _same_parameters(reference, results, atol=1e-5)
 
@@ -135,7 +135,7 @@ def test_torchrun_two_hosts_federated_clients_on_both_hosts(
     )
     one = shoal.train({**job, "run": {"dir": str(tmp_path / "runs"), "name": "one"}})
     cluster = make_cluster(2)
-    run = torchrun_job(cluster, job, tmp_path, "two")
+    run = start_torchrun(cluster, job, tmp_path, "two").wait()
     results = run.check()
     assert results["world_size"] == 4 and results["rounds"] == one["rounds"] == 3
     _check_hosts(run.log(0), cluster)
@@ -156,7 +156,7 @@ def test_torchrun_two_hosts_population_based_is_bit_identical(
     one = shoal.train(_small_population(tmp_path / "runs", "one", 4))
     cluster = make_cluster(2)
     job = _small_population(tmp_path / "runs", "two", 4)
-    results = torchrun_job(cluster, job, tmp_path, "two").check()
+    results = start_torchrun(cluster, job, tmp_path, "two").wait().check()
     assert {r["rank"] for r in _member_records(results["run_dir"])} == {0, 1, 2, 3}
     assert one["replaced"] > 0  # members were copied, between hosts too
     _assert_same_population(one, results)
@@ -167,7 +167,7 @@ def test_a_bind_no_host_has_fails_on_every_host_in_one_line(
 ) -> None:
     cluster = make_cluster(2)
     job = small_job(tmp_path / "runs", strategy=_dp({}), run={"bind": "10.99.0.0/16"})
-    run = slurm_job(cluster, job, tmp_path, "bad", tasks_per_node=1)
+    run = start_slurm(cluster, job, tmp_path, "bad", tasks_per_node=1).wait()
     assert run.codes == [2, 2], run.report()
     for index, host in enumerate(cluster.hosts):
         lines = run.output(index).strip().splitlines()
