@@ -2,20 +2,22 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Iterator
 
 import pytest
 
 from tests.cluster.netns import Cluster, unavailable
 
-_WHY_NOT = unavailable()
+_why_not = functools.cache(unavailable)  # probed once, when a cluster test first runs
 
 
 @pytest.fixture
 def make_cluster() -> Iterator[Callable[..., Cluster]]:
     """`make_cluster(hosts)`: a started Cluster, torn down after the test (also on failure)."""
-    if _WHY_NOT:
-        pytest.skip(_WHY_NOT)
+    reason = _why_not()
+    if reason:
+        pytest.skip(reason)
     made: list[Cluster] = []
 
     def make(hosts: int, tag: str = "c") -> Cluster:

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import sys
 from collections.abc import Callable
 
-from tests.cluster.netns import Cluster, namespaces
+import pytest
+
+from tests.cluster.netns import Cluster, namespaces, unavailable
 
 
 def test_hosts_talk_by_name_over_a_shaped_link_and_leave_nothing(
@@ -22,3 +26,12 @@ def test_hosts_talk_by_name_over_a_shaped_link_and_leave_nothing(
     assert hostname == cluster.hosts[1].name
     cluster.close()
     assert not set(names) & set(namespaces())
+
+
+def test_without_root_cluster_tests_skip_with_a_one_line_reason(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """CI that is not root still passes `make test`: every cluster test skips with this reason."""
+    monkeypatch.setattr(sys, "platform", "linux")
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    assert unavailable() == "network-namespace cluster needs root (ip netns)"
