@@ -80,7 +80,10 @@ def test_csv_with_named_labels_and_a_label_column(tmp_path: Path) -> None:
         ("a,b,label\n1,,0\n", "data.csv:2: column 'b': not a number: ''"),
         ("", "data.csv:1: empty file; expected a header row of column names"),
         ("a,b,label\n", "data.csv: no data rows after the header"),
-        ("a,b,label\n1,2,-1\n", "data.csv: labels must be >= 0 class ids or class names"),
+        (
+            "a,b,label\n1,2,-1\n",
+            "data.csv:2: label -1 is not a class id >= 0; fix the row, or use class names",
+        ),
     ],
 )
 def test_malformed_csv_names_file_and_line(tmp_path: Path, text: str, message: str) -> None:
@@ -93,7 +96,7 @@ def test_malformed_csv_names_file_and_line(tmp_path: Path, text: str, message: s
 def test_binary_garbage_is_a_data_error(tmp_path: Path) -> None:
     path = tmp_path / "data.csv"
     path.write_bytes(b"\x00\xff\xfe\x89garbage\n\x81\x82")
-    with pytest.raises(DataError, match="not a readable CSV text"):
+    with pytest.raises(DataError, match=r"data.csv:1: not UTF-8 text \(byte 0xff\)"):
         load_files(FileDataConfig(path=str(path)))
 
 

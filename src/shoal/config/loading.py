@@ -36,6 +36,7 @@ def read_toml(path: Path) -> tuple[dict[str, Any], str]:
         raise ConfigError(
             f"{path}: not UTF-8 text (bad byte at offset {exc.start}); a config is a TOML text file"
         ) from None
+    text = text.removeprefix("\ufeff")  # a byte-order mark (Notepad's UTF-8) is not TOML
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:

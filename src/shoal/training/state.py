@@ -29,6 +29,13 @@ class TrainProgress:
     evals_without_improvement: int = 0
     stopped_early: bool = False
 
+    @property
+    def last_step_epoch(self) -> int:
+        """The epoch the latest step belongs to. `epoch` moves on as soon as an epoch's
+        last step is taken, so reporting the end of a run by `epoch` shows one epoch too
+        many ("epoch 3/2")."""
+        return self.epoch - 1 if self.step_in_epoch == 0 and self.global_step > 0 else self.epoch
+
     def state_dict(self) -> dict[str, Any]:
         return asdict(self)
 

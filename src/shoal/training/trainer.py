@@ -205,8 +205,9 @@ class Trainer:
             for k, v in metrics.items()
             if k == "loss" or k.startswith("train_")
         }
-        self.metrics.write({"event": "train", "step": p.global_step, "epoch": p.epoch, **metrics})
-        self.reporter.update(p.global_step, p.epoch, metrics)
+        epoch = p.last_step_epoch  # the interval's epoch, also after the last one has ended
+        self.metrics.write({"event": "train", "step": p.global_step, "epoch": epoch, **metrics})
+        self.reporter.update(p.global_step, epoch, metrics)
 
     def _evaluate(self) -> None:
         p = self.progress

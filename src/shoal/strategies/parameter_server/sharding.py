@@ -10,6 +10,7 @@ in id order; `local_index` maps a global id to its position in the shard.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 
@@ -19,6 +20,7 @@ from shoal.strategies.parameter_server.config import (
     RangeShardingConfig,
     ShardingConfig,
 )
+from shoal.tasks.textfile import read_text
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -40,28 +42,35 @@ def range_owners(num_rows: int, num_servers: int) -> np.ndarray:
     return np.repeat(np.arange(num_servers, dtype=np.int32), sizes)
 
 
+def _as_int(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None
+
+
 def file_owners(path: str, names: Sequence[str], num_servers: int) -> np.ndarray:
     """Owners from `entity<TAB>server` lines; every name must appear exactly once."""
     index = {name: i for i, name in enumerate(names)}
     owners = np.full(len(names), -1, dtype=np.int32)
-    with open(path, encoding="utf-8") as handle:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            parts = line.rstrip("\n").split("\t")
-            where = f"{path}:{number}"
-            if len(parts) != 2 or not parts[1].strip().lstrip("-").isdigit():
-                raise DataError(f"{where}: expected 'entity<TAB>server', got {line.strip()!r}")
-            name, server = parts[0], int(parts[1])
-            if name not in index:
-                raise DataError(f"{where}: entity {name!r} is not in the training data")
-            if not 0 <= server < num_servers:
-                raise DataError(
-                    f"{where}: server {server} is out of range for num_servers = {num_servers}"
-                )
-            if owners[index[name]] >= 0:
-                raise DataError(f"{where}: entity {name!r} is listed twice")
-            owners[index[name]] = server
+    text = read_text(Path(path), "expected 'entity<TAB>server' lines")
+    for number, line in enumerate(text.split("\n"), start=1):
+        if not line.strip():
+            continue
+        parts = line.split("\t")
+        where = f"{path}:{number}"
+        name, server = parts[0].strip(), _as_int(parts[1]) if len(parts) == 2 else None
+        if server is None:
+            raise DataError(f"{where}: expected 'entity<TAB>server', got {line.strip()!r}")
+        if name not in index:
+            raise DataError(f"{where}: entity {name!r} is not in the training data")
+        if not 0 <= server < num_servers:
+            raise DataError(
+                f"{where}: server {server} is out of range for num_servers = {num_servers}"
+            )
+        if owners[index[name]] >= 0:
+            raise DataError(f"{where}: entity {name!r} is listed twice")
+        owners[index[name]] = server
     missing = np.flatnonzero(owners < 0)
     if len(missing):
         raise DataError(

@@ -79,7 +79,7 @@ def log_generation(
         "lr": generation.members[best].hyperparameters.get("lr", trainer.train.optimizer.lr),
     }
     trainer.metrics.write(summary)
-    epoch = min(member.progress.epoch for member in trainer.members.values())
+    epoch = min(member.progress.last_step_epoch for member in trainer.members.values())
     trainer.reporter.update(step, epoch, summary)
     shown = ", ".join(f"{k} {v:.4g}" for k, v in generation.members[best].hyperparameters.items())
     trainer.reporter.note(

@@ -46,7 +46,7 @@ class SyntheticDataConfig(ConfigModel):
 
 
 class FileDataConfig(ConfigModel):
-    """Features and labels from a CSV (header row, numeric columns) or an NPZ file."""
+    """Features and labels from a CSV (header row, numeric columns; .gz read too) or an NPZ file."""
 
     source: Literal["file"] = "file"
     path: ExistingFile = Field(..., description="CSV or NPZ file (relative to the config).")
@@ -58,6 +58,13 @@ class FileDataConfig(ConfigModel):
     )
     label_column: str | None = Field(
         None, description="CSV: name of the label column (default: the last column)."
+    )
+    classes: int | None = Field(
+        None,
+        ge=2,
+        description="Number of classes (integer labels are ids 0..classes-1; named labels at "
+        "most this many). Default: inferred from the labels, which are then checked for a "
+        "class id far beyond the others and for classes of a single sample.",
     )
     features_key: str = Field("x", description="NPZ: name of the features array.")
     labels_key: str = Field("y", description="NPZ: name of the labels array.")

@@ -1,17 +1,21 @@
-"""Classification samples: synthetic, from CSV/NPZ files, or from a user's factory."""
+"""Classification data: synthetic, from CSV/NPZ files, or from a user's factory.
+
+Whatever the source, the number of classes is fixed once, by `labels.py`: declared
+(`task.data.classes`, the factory's `num_classes`) or inferred from the labels of
+every split together, with the checks that catch a label set that looks wrong.
+"""
 
 from __future__ import annotations
 
-import csv
 import importlib
 import sys
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
-from torch.utils.data import Dataset, default_collate
 
 from shoal.errors import DataError, ShoalError
 from shoal.tasks.classification.config import (
@@ -19,44 +23,15 @@ from shoal.tasks.classification.config import (
     PythonDataConfig,
     SyntheticDataConfig,
 )
+from shoal.tasks.classification.files import read_table
+from shoal.tasks.classification.labels import LabelColumn, LabelSpace, encode, fit_labels
+from shoal.tasks.classification.samples import DatasetSamples, Samples, TensorSamples
+
+FACTORY_CLASSES = "'num_classes' in the factory's result"
 
 
-class TensorSamples:
-    """Samples held as two tensors; a batch is one indexing operation."""
-
-    def __init__(self, features: torch.Tensor, labels: torch.Tensor) -> None:
-        if len(features) != len(labels):
-            raise DataError(f"{len(features)} feature rows but {len(labels)} labels")
-        self.features = features
-        self.labels = labels.long()
-
-    def __len__(self) -> int:
-        return len(self.labels)
-
-    def fetch(self, indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.features[indices], self.labels[indices]
-
-    def all_labels(self) -> torch.Tensor:
-        return self.labels
-
-
-class DatasetSamples:
-    """A user's torch Dataset of `(input, label)` pairs, collated per batch."""
-
-    def __init__(self, dataset: Dataset[Any]) -> None:
-        self.dataset = dataset
-
-    def __len__(self) -> int:
-        return len(self.dataset)  # type: ignore[arg-type]
-
-    def fetch(self, indices: torch.Tensor) -> Any:
-        return default_collate([self.dataset[int(i)] for i in indices])
-
-    def all_labels(self) -> torch.Tensor:
-        return torch.as_tensor([int(self.dataset[i][1]) for i in range(len(self))])
-
-
-Samples = TensorSamples | DatasetSamples
+def _sample_locator(source: str) -> Callable[[int], str]:
+    return lambda row: f"{source} sample {row}"
 
 
 @dataclass
@@ -65,18 +40,28 @@ class ClassificationData:
     valid: Samples | None
     model: torch.nn.Module | None = None
     num_classes: int | None = None
+    label_names: tuple[str, ...] | None = None  # class i is label_names[i] for named labels
+    warnings: list[str] = field(default_factory=list)  # about the data, for the run's log
 
     def input_features(self) -> int:
         first = self.train.fetch(torch.tensor([0]))[0]
         return int(first[0].numel())
 
     def classes(self) -> int:
-        if self.num_classes is not None:
-            return self.num_classes
-        labels = [self.train.all_labels()]
-        if self.valid is not None:
-            labels.append(self.valid.all_labels())
-        return int(max(int(t.max()) for t in labels if len(t)) + 1)
+        """The number of classes; inferred (and checked) from every split's labels if not set."""
+        if self.num_classes is None:
+            columns = [
+                LabelColumn(s.all_labels().numpy(), _sample_locator(s.source))
+                for s in (self.train, self.valid)
+                if s is not None
+            ]
+            space, warnings = fit_labels(columns, None, FACTORY_CLASSES)
+            self.num_classes = space.num_classes
+            self.warnings.extend(warnings)
+        return self.num_classes
+
+    def label_space(self) -> LabelSpace:
+        return LabelSpace(self.classes(), self.label_names)
 
 
 def _split(
@@ -133,137 +118,62 @@ def make_synthetic(config: SyntheticDataConfig) -> ClassificationData:
     y[flip] = rng.integers(0, config.classes, size=int(flip.sum()))
 
     x = (x - x.mean(axis=0)) / (x.std(axis=0) + 1e-12)
-    return _split(x.astype(np.float32), y.astype(np.int64), config.valid_fraction, config.seed)
+    data = _split(x.astype(np.float32), y.astype(np.int64), config.valid_fraction, config.seed)
+    data.num_classes = config.classes
+    return data
 
 
-def _read_csv(path: Path, label_column: str | None) -> tuple[np.ndarray, np.ndarray]:
-    """A CSV with a header row; numeric features; numeric or named labels."""
-    try:
-        handle = open(path, newline="", encoding="utf-8")  # noqa: SIM115
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror}") from None
-    with handle:
-        reader = csv.reader(handle)
-        try:
-            header = next(reader)
-        except StopIteration:
-            raise DataError(
-                f"{path}:1: empty file; expected a header row of column names"
-            ) from None
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise DataError(f"{path}:1: not a readable CSV text: {exc}") from None
-        header = [name.strip() for name in header]
-        if label_column is None:
-            label_at = len(header) - 1
-        elif label_column in header:
-            label_at = header.index(label_column)
-        else:
-            raise DataError(
-                f"{path}:1: no column {label_column!r} (task.data.label_column); "
-                f"columns: {', '.join(header)}"
-            )
-        if len(header) < 2:
-            raise DataError(f"{path}:1: need at least one feature column and a label column")
-        rows: list[list[float]] = []
-        raw_labels: list[str] = []
-        try:
-            for row in reader:
-                line = reader.line_num
-                if not row or all(not cell.strip() for cell in row):
-                    continue
-                if len(row) != len(header):
-                    raise DataError(
-                        f"{path}:{line}: expected {len(header)} columns, got {len(row)}"
-                    )
-                values = []
-                for index, cell in enumerate(row):
-                    if index == label_at:
-                        continue
-                    try:
-                        values.append(float(cell))
-                    except ValueError:
-                        raise DataError(
-                            f"{path}:{line}: column {header[index]!r}: not a number: {cell!r}"
-                        ) from None
-                rows.append(values)
-                raw_labels.append(row[label_at].strip())
-        except (csv.Error, UnicodeDecodeError) as exc:
-            raise DataError(f"{path}:{reader.line_num}: not a readable CSV text: {exc}") from None
-    if not rows:
-        raise DataError(f"{path}: no data rows after the header")
-    try:
-        labels = np.array([int(v) for v in raw_labels], dtype=np.int64)
-    except ValueError:
-        names = sorted(set(raw_labels))  # named classes: ids in sorted order of the names
-        labels = np.array([names.index(v) for v in raw_labels], dtype=np.int64)
-    if labels.min() < 0:
-        raise DataError(f"{path}: labels must be >= 0 class ids or class names")
-    return np.asarray(rows, dtype=np.float32), labels
-
-
-def _read_npz(path: Path, features_key: str, labels_key: str) -> tuple[np.ndarray, np.ndarray]:
-    try:
-        archive = np.load(path, allow_pickle=False)
-    except (OSError, ValueError) as exc:
-        raise DataError(f"{path}: not a readable NPZ archive: {exc}") from None
-    with archive:
-        for key, field in ((features_key, "features_key"), (labels_key, "labels_key")):
-            if key not in archive.files:
-                arrays = ", ".join(archive.files)
-                raise DataError(f"{path}: no array {key!r} (task.data.{field}); arrays: {arrays}")
-        x, y = archive[features_key], archive[labels_key]
-    if x.ndim < 2 or y.ndim != 1 or len(x) != len(y):
-        raise DataError(
-            f"{path}: expected features of shape (n, ...) and labels of shape (n,), "
-            f"got {x.shape} and {y.shape}"
-        )
-    if not np.issubdtype(y.dtype, np.integer) or (len(y) and y.min() < 0):
-        raise DataError(f"{path}: labels must be integer class ids >= 0, got dtype {y.dtype}")
-    return x.astype(np.float32), y.astype(np.int64)
-
-
-def _read_file(path: Path, config: FileDataConfig) -> tuple[np.ndarray, np.ndarray]:
-    if path.suffix.lower() == ".npz":
-        return _read_npz(path, config.features_key, config.labels_key)
-    return _read_csv(path, config.label_column)
-
-
-def read_train_files(paths: list[str], config: FileDataConfig | None) -> list[TensorSamples]:
-    """Each file's samples, read with task.data's format options when it has them."""
+def read_train_files(
+    paths: list[str], config: FileDataConfig | None, space: LabelSpace
+) -> list[TensorSamples]:
+    """Each file's samples, read with task.data's format options when it has them, their
+    labels coded in the classes of task.data (`space`)."""
     options = config or FileDataConfig.model_construct(
         path="", label_column=None, features_key="x", labels_key="y"
     )
     samples = []
     for path in paths:
-        x, y = _read_file(Path(path), options)
-        samples.append(TensorSamples(torch.from_numpy(x), torch.from_numpy(y)))
+        table = read_table(Path(path), options)
+        labels = encode(table.labels, space, "task.data")
+        samples.append(TensorSamples(torch.from_numpy(table.features), torch.from_numpy(labels)))
     return samples
 
 
 def load_files(config: FileDataConfig) -> ClassificationData:
-    x, y = _read_file(Path(config.path), config)
+    """task.data's file (and validation file): labels are coded over both at once."""
+    tables = [read_table(Path(config.path), config)]
+    if config.valid_path is not None:
+        tables.append(read_table(Path(config.valid_path), config))
+        x, vx = tables[0].features, tables[1].features
+        if vx.shape[1:] != x.shape[1:]:
+            raise DataError(
+                f"{config.valid_path}: samples of shape {vx.shape[1:]}, training has {x.shape[1:]}"
+            )
+    space, warnings = fit_labels([t.labels for t in tables], config.classes, "task.data.classes")
+    x, y = tables[0].features, encode(tables[0].labels, space, "task.data")
     if config.valid_path is None:
-        return _split(x, y, config.valid_fraction, config.split_seed)
-    vx, vy = _read_file(Path(config.valid_path), config)
-    if vx.shape[1:] != x.shape[1:]:
-        raise DataError(
-            f"{config.valid_path}: samples of shape {vx.shape[1:]}, training has {x.shape[1:]}"
+        data = _split(x, y, config.valid_fraction, config.split_seed)
+    else:
+        vy = encode(tables[1].labels, space, "task.data")
+        data = ClassificationData(
+            train=TensorSamples(torch.from_numpy(x), torch.from_numpy(y)),
+            valid=TensorSamples(torch.from_numpy(tables[1].features), torch.from_numpy(vy)),
         )
-    return ClassificationData(
-        train=TensorSamples(torch.from_numpy(x), torch.from_numpy(y)),
-        valid=TensorSamples(torch.from_numpy(vx), torch.from_numpy(vy)),
-    )
+    data.num_classes, data.label_names = space.num_classes, space.names
+    data.warnings = [w for t in tables for w in t.warnings] + warnings
+    return data
 
 
-def _as_samples(value: Any, what: str) -> Samples:
+def _as_samples(value: Any, what: str, factory: str) -> Samples:
+    source = f"task.data.factory {factory}: {what}"
     if (
         isinstance(value, tuple | list)
         and len(value) == 2
         and all(isinstance(v, torch.Tensor) for v in value)
     ):
-        return TensorSamples(value[0], value[1])
+        return TensorSamples(value[0], value[1], source)
     if hasattr(value, "__getitem__") and hasattr(value, "__len__"):
-        return DatasetSamples(value)
+        return DatasetSamples(value, source)
     raise ShoalError(
         f"task.data.factory: {what} must be a torch Dataset or a (features, labels) tensor pair, "
         f"got {type(value).__name__}"
@@ -305,10 +215,21 @@ def call_factory(config: PythonDataConfig, search_dirs: list[Path]) -> Classific
         raise ShoalError(
             f"task.data.factory: 'model' must be an nn.Module, got {type(model).__name__}"
         )
+    num_classes = built.get("num_classes")
+    if num_classes is not None and (not isinstance(num_classes, int) or num_classes < 2):
+        raise ShoalError(
+            f"task.data.factory: 'num_classes' must be an integer >= 2, got {num_classes!r}"
+        )
     valid = built.get("valid")
-    return ClassificationData(
-        train=_as_samples(built["train"], "'train'"),
-        valid=_as_samples(valid, "'valid'") if valid is not None else None,
+    data = ClassificationData(
+        train=_as_samples(built["train"], "'train'", config.factory),
+        valid=_as_samples(valid, "'valid'", config.factory) if valid is not None else None,
         model=model,
-        num_classes=built.get("num_classes"),
+        num_classes=num_classes,
     )
+    if num_classes is not None:  # tensors are cheap to check against it; a Dataset is not
+        for samples in (data.train, data.valid):
+            if isinstance(samples, TensorSamples):
+                column = LabelColumn(samples.labels.numpy(), _sample_locator(samples.source))
+                encode(column, LabelSpace(num_classes), FACTORY_CLASSES)
+    return data

@@ -20,13 +20,13 @@ from shoal.tasks.classification.config import (
 )
 from shoal.tasks.classification.data import (
     ClassificationData,
-    TensorSamples,
     call_factory,
     load_files,
     make_synthetic,
     read_train_files,
 )
 from shoal.tasks.classification.model import build_mlp
+from shoal.tasks.classification.samples import TensorSamples
 
 DROPOUT_LAYERS = (nn.Dropout, nn.Dropout1d, nn.Dropout2d, nn.Dropout3d, nn.AlphaDropout)
 
@@ -55,6 +55,10 @@ class ClassificationTask(Task):
         self.data = load_data(config)
         if len(self.data.train) == 0:
             raise ShoalError("task.data: the training set is empty")
+        if self.data.model is None:
+            self.data.classes()  # fixed (and checked) now, before the model is built
+        for warning in self.data.warnings:
+            ctx.log.warning("%s", warning)
 
     @property
     def train_size(self) -> int:
@@ -66,7 +70,8 @@ class ClassificationTask(Task):
     def load_train_files(self, paths: list[str]) -> list[int]:
         """Per-client files in task.data's format; the model's shape still comes from task.data."""
         options = self.config.data if isinstance(self.config.data, FileDataConfig) else None
-        parts = read_train_files(paths, options)
+        space = self.data.label_space()  # fixed before the samples change
+        parts = read_train_files(paths, options, space)
         width = self.data.input_features()
         for path, part in zip(paths, parts, strict=True):
             if len(part) and int(part.features[0].numel()) != width:
@@ -74,8 +79,6 @@ class ClassificationTask(Task):
                     f"{path}: samples have {int(part.features[0].numel())} features, "
                     f"task.data has {width}"
                 )
-        if self.data.num_classes is None:  # fix the class count before the samples change
-            self.data.num_classes = self.data.classes()
         self.data.train = TensorSamples(
             torch.cat([p.features for p in parts]), torch.cat([p.labels for p in parts])
         )

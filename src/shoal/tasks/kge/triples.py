@@ -2,16 +2,15 @@
 
 A triples file has one `head<TAB>relation<TAB>tail` a line. CRLF endings are
 tolerated (FB15k-237 ships with them: a loader that keeps the `\\r` counts 27,395
-"entities" instead of 14,541), blank lines are skipped, gzip is detected by its
-magic bytes. A malformed line stops the run before training with
+"entities" instead of 14,541), blank lines are skipped; gzip, a byte-order mark
+and bytes that are not text are handled once for every text input, by
+`tasks/textfile.py`. A malformed line stops the run before training with
 `file:line: what is wrong`.
 """
 
 from __future__ import annotations
 
-import gzip
 import importlib.util
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,8 +19,9 @@ import torch
 
 from shoal.errors import DataError, ShoalError
 from shoal.tasks.kge.config import BuiltinDataConfig, FilesDataConfig
+from shoal.tasks.textfile import read_text
 
-GZIP_MAGIC = b"\x1f\x8b"
+TRIPLE_LINES = "expected head<TAB>relation<TAB>tail lines"
 
 
 @dataclass
@@ -38,36 +38,9 @@ class LabelTriples:
         return len(self.heads)
 
 
-def _decode(path: Path) -> str:
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise DataError(f"{path}: cannot read: {exc.strerror}") from None
-    if raw[:2] == GZIP_MAGIC:
-        try:
-            raw = gzip.decompress(raw)
-        except (OSError, EOFError, zlib.error) as exc:
-            raise DataError(f"{path}: not a readable gzip file: {exc}") from None
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        raise DataError(
-            f"{path}:{line}: not UTF-8 text (byte 0x{raw[exc.start]:02x}); expected "
-            "head<TAB>relation<TAB>tail lines"
-        ) from None
-    nul = text.find("\x00")
-    if nul >= 0:
-        line = text.count("\n", 0, nul) + 1
-        raise DataError(
-            f"{path}:{line}: binary data (a NUL byte); expected head<TAB>relation<TAB>tail lines"
-        )
-    return text
-
-
 def read_triples(path: Path) -> LabelTriples:
     """Parse a triples file; the first malformed line raises a one-line DataError."""
-    lines = _decode(path).split("\n")
+    lines = read_text(path, TRIPLE_LINES).split("\n")
     heads: list[str] = []
     relations: list[str] = []
     tails: list[str] = []
@@ -86,7 +59,7 @@ def read_triples(path: Path) -> LabelTriples:
             continue  # a blank line (or the end of the file)
         _reject(path, number, cells)
     if not heads:
-        raise DataError(f"{path}: no triples; expected head<TAB>relation<TAB>tail lines")
+        raise DataError(f"{path}: no triples; {TRIPLE_LINES}")
     return LabelTriples(path, heads, relations, tails, np.asarray(numbers, dtype=np.int64))
 
 
