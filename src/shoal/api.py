@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import json
+from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
 from shoal.config.loading import ConfigSource
 from shoal.launch.environment import external_launch
-from shoal.launch.plan import create_run, plan_job
+from shoal.launch.plan import create_run, plan_job, resume_root
+from shoal.run import RunPaths
+from shoal.run.attempt import discard_attempt, stage_config
+from shoal.run.lock import RunLock
 
 
 def train(
@@ -17,32 +21,53 @@ def train(
     workers: int | None = None,
     overrides: tuple[str, ...] | list[str] = (),
     resume: str | Path | None = None,
+    allow_changes: bool = False,
 ) -> dict[str, Any]:
     """Train a job and return its results (the content of the run's results.json).
 
     `config` is a TOML path, a dict or a ShoalConfig; `workers` starts that many
     local worker processes (data-parallel strategies); `overrides` are `--set`
     items such as "train.epochs=3"; `resume` is a run directory (continue from its
-    newest checkpoint) or one checkpoint folder. Under torchrun (or as a task of
-    a Slurm `srun` step), this process joins the launched job instead of starting
-    workers.
+    newest checkpoint) or one checkpoint folder; `allow_changes` lets a resume
+    change what the run trains (a learning rate, the data...: see
+    checkpoint/changes.py). Under torchrun (or as a task of a Slurm `srun` step),
+    this process joins the launched job instead of starting workers.
+
+    This process holds the run directory's lock for the whole job (run/lock.py):
+    a second job on the same run is refused, naming this one.
 
     >>> results = shoal.train("examples/demo.toml", workers=2)
     >>> results["valid"]["accuracy"]
     """
-    plan = plan_job(config, overrides, workers, resume)
     launch = external_launch()
     if launch is not None:
         from shoal.launch.external import run_external
 
-        return run_external(plan, launch)
-    paths = create_run(plan)
-    if plan.in_process:
-        from shoal.launch.inprocess import run_in_process
+        return run_external(plan_job(config, overrides, workers, resume, allow_changes), launch)
+    with ExitStack() as held:
+        # a resumed run is locked before its checkpoints are even read
+        root = resume_root(resume) if resume is not None else None
+        lock = held.enter_context(RunLock(RunPaths(root).lock)) if root is not None else None
+        plan = plan_job(config, overrides, workers, resume, allow_changes)
+        paths = create_run(plan)
+        if lock is None:
+            lock = held.enter_context(RunLock(paths.lock))
+        if plan.in_process:
+            from shoal.launch.inprocess import run_in_process
 
-        return run_in_process(plan.config, paths, plan.resume_from)
-    from shoal.launch.launcher import LocalLauncher
+            return run_in_process(plan.config, paths, plan.resume_from, plan.allow_changes)
+        from shoal.launch.launcher import LocalLauncher
 
-    LocalLauncher(paths, plan.config, plan.world_size, plan.resume_from).run()
-    results: dict[str, Any] = json.loads(paths.results.read_text())
-    return results
+        config_file = stage_config(paths, plan.config)
+        held.callback(discard_attempt, paths)
+        LocalLauncher(
+            paths,
+            plan.config,
+            plan.world_size,
+            plan.resume_from,
+            config_file=config_file,
+            allow_changes=plan.allow_changes,
+            lock_fd=lock.fd,
+        ).run()
+        results: dict[str, Any] = json.loads(paths.results.read_text())
+        return results

@@ -21,7 +21,13 @@ def _train(args: argparse.Namespace) -> int:
     from shoal.launch.environment import external_launch
     from shoal.monitor.summary import print_summary
 
-    results = train(args.config, workers=args.workers, overrides=args.set, resume=args.resume)
+    results = train(
+        args.config,
+        workers=args.workers,
+        overrides=args.set,
+        resume=args.resume,
+        allow_changes=args.allow_changes,
+    )
     launch = external_launch()
     if launch is not None and launch.placement.rank != 0:
         return EXIT_OK  # rank 0 prints the summary
@@ -80,6 +86,12 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
     train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint"
+    )
+    train.add_argument(
+        "--allow-changes",
+        action="store_true",
+        help="let --resume change what the run trains (learning rate, optimizer, data...); "
+        "the changes are logged and recorded in metrics.jsonl",
     )
     train.set_defaults(handler=_train)
 

@@ -8,9 +8,10 @@ unknown keys rejected, and every field documented where it is declared, so that
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, get_args, get_origin
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, ValidationInfo
+from pydantic.fields import FieldInfo
 
 
 class ConfigModel(BaseModel):
@@ -38,6 +39,23 @@ def _resolve_existing_file(value: str, info: ValidationInfo) -> str:
 
 ExistingFile = Annotated[str, AfterValidator(_resolve_existing_file)]
 """A path to an existing file, relative paths taken from the config's folder."""
+
+
+def _checks_file(metadata: Any) -> bool:
+    return any(getattr(item, "func", None) is _resolve_existing_file for item in metadata)
+
+
+def is_file_field(info: FieldInfo) -> bool:
+    """Whether a config field is an `ExistingFile` (also inside `ExistingFile | None`).
+
+    A checkpoint records the size and checksum of every such file, so a resume can tell
+    when the data behind an unchanged path has changed."""
+    if _checks_file(info.metadata):
+        return True
+    return any(
+        get_origin(arg) is Annotated and _checks_file(arg.__metadata__)
+        for arg in get_args(info.annotation)
+    )
 
 
 def fill_default_tag(data: Any, field: str, tag: str, default: str) -> Any:

@@ -7,15 +7,18 @@ its peers reach it (`[run] bind`, see network.py) and joins the process group:
 under torchrun through torchrun's store (MASTER_ADDR, MASTER_PORT); under Slurm
 rank 0 hosts the store itself, listening only on the address MASTER_ADDR names.
 The ranks then learn which of them share a host. Rank 0 creates the run
-directory and tells the others its name over the process group; it writes
-metrics, results and checkpoints; every rank writes its log under the same run
-directory on its own machine.
+directory (or takes the resumed one), holds its lock for the whole job
+(run/lock.py), and tells the others its name, or why it cannot, over the
+process group. Rank 0 writes metrics, results and checkpoints; every rank writes
+its log under the same run directory on its own machine.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
 import socket
+from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -34,6 +37,7 @@ from shoal.launch.process_group import join_process_group, shutdown_process_grou
 from shoal.launch.reports import write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths, create_run_dir
+from shoal.run.lock import RunLock
 from shoal.runtime.collectives import barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
@@ -92,18 +96,21 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
     store = job_store(launch, config)
     device, backend = join_process_group(config, placement, store)
     failed = False
+    held = ExitStack()
     try:
         peers = _Peers(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
         hosts = Hosts.gather(peers, binding.address)
-        root = plan.run_root
-        if root is None:
-            created = None
-            if rank == 0:
-                created = create_run_dir(Path(config.run.dir), plan.run_name).root
-                atomic_write_bytes(RunPaths(created).config, dump_config(config).encode())
-            announced = broadcast_bytes(peers, str(created).encode() if created else None)
-            root = Path(announced.decode())
-        paths = RunPaths(root)
+        claim: dict[str, str] = {}
+        if rank == 0:
+            try:
+                claim = {"root": str(_claim_run(plan, held))}
+            except ShoalError as exc:
+                claim = {"error": str(exc)}
+        announced = json.loads(broadcast_bytes(peers, json.dumps(claim).encode()).decode())
+        if "error" in announced:
+            failed = True
+            raise ShoalError(announced["error"])
+        paths = RunPaths(Path(announced["root"]))
         paths.logs.mkdir(parents=True, exist_ok=True)  # other machines may not share the folder
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         barrier(peers)
@@ -139,6 +146,7 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             log=log,
             hosts=hosts,
             resume_from=plan.resume_from,
+            allow_changes=plan.allow_changes,
         )
         try:
             results = run_job(ctx)
@@ -152,4 +160,16 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         return results
     finally:
         shutdown_process_group(graceful=not failed)
+        held.close()
         del store
+
+
+def _claim_run(plan: JobPlan, held: ExitStack) -> Path:
+    """Rank 0: the run directory, created for a new run, and locked in `held`."""
+    if plan.run_root is not None:
+        held.enter_context(RunLock(RunPaths(plan.run_root).lock))
+        return plan.run_root
+    paths = create_run_dir(Path(plan.config.run.dir), plan.run_name)
+    held.enter_context(RunLock(paths.lock))
+    atomic_write_bytes(paths.config, dump_config(plan.config).encode())
+    return paths.root

@@ -17,7 +17,9 @@ from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
 
 
-def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None) -> dict[str, Any]:
+def run_in_process(
+    config: ShoalConfig, paths: RunPaths, resume_from: str | None, allow_changes: bool = False
+) -> dict[str, Any]:
     fault = config.faults.inject
     if fault is not None and (fault.kind not in ("raise", "nan") or fault.rank != 0):
         raise ShoalError(
@@ -42,6 +44,7 @@ def run_in_process(config: ShoalConfig, paths: RunPaths, resume_from: str | None
             log=log,
             hosts=Hosts.single(1),
             resume_from=resume_from,
+            allow_changes=allow_changes,
         )
         return run_job(ctx)
     except Exception as exc:

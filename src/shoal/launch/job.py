@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from shoal.run.attempt import promote_config
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything
 from shoal.strategies.registry import strategy_class
@@ -15,4 +16,7 @@ def run_job(ctx: WorkerContext) -> dict[str, Any]:
     seed_everything(ctx.config.train.seed)  # user factories may draw random numbers
     task = build_task(ctx)
     strategy = strategy_class(ctx.config.strategy.type)(ctx)
-    return strategy.run(task)
+    results = strategy.run(task)
+    if ctx.is_main:  # a resumed run that wrote no checkpoint still ran with this config
+        promote_config(ctx.paths, ctx.config)
+    return results

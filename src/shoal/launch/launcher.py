@@ -19,6 +19,7 @@ import subprocess
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO
 
 import torch.distributed as dist
@@ -50,6 +51,9 @@ class LocalLauncher:
     config: ShoalConfig
     world_size: int
     resume_from: str | None = None
+    config_file: Path | None = None  # what the workers read (default: the run's config.toml)
+    allow_changes: bool = False
+    lock_fd: int | None = None  # the run's lock, held by every worker too (run/lock.py)
     workers: list[_Worker] = field(default_factory=list)
 
     def run(self) -> None:
@@ -106,6 +110,10 @@ class LocalLauncher:
         cmd = [sys.executable, "-m", "shoal.launch.worker", "--run-dir", str(self.paths.root)]
         if self.resume_from:
             cmd += ["--resume", self.resume_from]
+        if self.config_file is not None:
+            cmd += ["--config", str(self.config_file)]
+        if self.allow_changes:
+            cmd.append("--allow-changes")
         output = None
         if rank != 0:  # rank 0 shows progress on this terminal; the others write to files
             output = open(self.paths.output_file(rank), "ab")  # noqa: SIM115
@@ -115,6 +123,7 @@ class LocalLauncher:
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT if output else None,
+            pass_fds=(self.lock_fd,) if self.lock_fd is not None else (),
         )
         return _Worker(rank, process, output)
 

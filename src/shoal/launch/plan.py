@@ -1,7 +1,11 @@
 """Turn what the user asked for (config, overrides, workers, resume) into a job plan.
 
 The CLI and the Python API share this, so `shoal train` and `shoal.train()`
-accept and reject exactly the same things.
+accept and reject exactly the same things. Planning writes nothing: a resume's
+config (the run's config.toml with `--set` and `--workers` applied) is checked
+against what its checkpoint holds (checkpoint/changes.py) and only becomes the
+run's config.toml once the resumed run has written something (run/attempt.py),
+so a resume that fails leaves the run as it was.
 """
 
 from __future__ import annotations
@@ -10,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from shoal.checkpoint.atomic import atomic_write_bytes
+from shoal.checkpoint.changes import refuse_changes, resume_changes
+from shoal.checkpoint.integrity import read_meta
 from shoal.checkpoint.manager import META_FILE, find_checkpoint
 from shoal.config import ShoalConfig, dump_config, load_config
 from shoal.config.loading import ConfigSource, default_run_name
@@ -26,6 +32,7 @@ class JobPlan:
     run_name: str
     run_root: Path | None = None  # set for a resume; a fresh run's folder is created at launch
     resume_from: str | None = None  # checkpoint folder
+    allow_changes: bool = False  # --allow-changes: a resume may change what the run trains
 
 
 def _workers_override(config: ShoalConfig, workers: int | None) -> list[str]:
@@ -36,15 +43,28 @@ def _workers_override(config: ShoalConfig, workers: int | None) -> list[str]:
     return strategy_class(config.strategy.type).workers_override(workers)
 
 
+def resume_root(resume: str | Path) -> Path | None:
+    """The run directory `--resume` names (a run or one of its checkpoints), if it is one."""
+    target = Path(resume)
+    if (target / META_FILE).is_file():
+        return target.parent.parent
+    return target if RunPaths(target).config.is_file() else None
+
+
 def plan_job(
     source: ConfigSource | None,
     overrides: tuple[str, ...] | list[str] = (),
     workers: int | None = None,
     resume: str | Path | None = None,
+    allow_changes: bool = False,
 ) -> JobPlan:
     overrides = list(overrides)
     run_root: Path | None = None
-    resume_from: str | None = None
+    checkpoint: Path | None = None
+    if allow_changes and resume is None:
+        raise ConfigError(
+            "--allow-changes: only with --resume (it allows a resume to change the run)"
+        )
     if resume is not None:
         if source is not None:
             raise ConfigError(
@@ -56,7 +76,6 @@ def plan_job(
             raise ShoalError(f"--resume {target}: no such run directory or checkpoint")
         checkpoint = find_checkpoint(target)
         run_root = checkpoint.parent.parent if (target / META_FILE).is_file() else target
-        resume_from = str(checkpoint)
         source = RunPaths(run_root).config
     if source is None:
         raise ConfigError("no config given: shoal train CONFIG.toml (or --resume RUN_DIR)")
@@ -64,14 +83,21 @@ def plan_job(
     extra = _workers_override(config, workers)
     if extra:
         config = load_config(config, extra)
-    if run_root is not None and (overrides or extra):
-        atomic_write_bytes(RunPaths(run_root).config, dump_config(config).encode())
     cls = strategy_class(config.strategy.type)
     cls.check(config)
+    if checkpoint is not None:  # the bytes are verified where they are read, by the workers
+        changes = resume_changes(checkpoint, read_meta(checkpoint), config)
+        refuse_changes(changes, checkpoint, allow_changes)
     world_size = cls.world_size(config)
     name = config.run.name or default_run_name(source)
     return JobPlan(
-        config, world_size, cls.in_process and world_size == 1, name, run_root, resume_from
+        config,
+        world_size,
+        cls.in_process and world_size == 1,
+        name,
+        run_root,
+        str(checkpoint) if checkpoint is not None else None,
+        allow_changes,
     )
 
 

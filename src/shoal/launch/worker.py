@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="shoal-worker")
     parser.add_argument("--run-dir", required=True)
     parser.add_argument("--resume", default=None, help="checkpoint folder to resume from")
+    parser.add_argument("--config", default=None, help="config file (default: the run's)")
+    parser.add_argument("--allow-changes", action="store_true", help="see shoal train")
     args = parser.parse_args(argv)
     _die_with_launcher()
 
@@ -61,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
     heartbeat: Heartbeat | None = None
     failed = False
     try:
-        config = load_config(paths.config)
+        config = load_config(Path(args.config) if args.config else paths.config)
         faults = config.faults
         heartbeat = Heartbeat(host, port, rank, faults.heartbeat_interval_s, faults.start_timeout_s)
         # joining waits for the slowest worker to start; collectives then use faults.timeout_s
@@ -88,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
             log=log,
             hosts=Hosts.single(world_size),
             resume_from=args.resume,
+            allow_changes=args.allow_changes,
             heartbeat=heartbeat,
         )
         run_job(ctx)

@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from shoal.errors import ShoalError
+
 
 @dataclass(frozen=True)
 class RunPaths:
@@ -18,6 +20,8 @@ class RunPaths:
         logs/rank-<r>.log    one log per rank (and rank-<r>.error.json if it failed)
         checkpoints/step-<n> one folder per checkpoint
         best/step-<n>        the checkpoint with the best validation metric so far
+        run.lock             held by the process that owns the run while a job runs
+        .config.attempt.toml a resumed run's new config, until it has written something
     """
 
     root: Path
@@ -25,6 +29,15 @@ class RunPaths:
     @property
     def config(self) -> Path:
         return self.root / "config.toml"
+
+    @property
+    def attempt_config(self) -> Path:
+        """The config a resume runs with, before it becomes config.toml (run/attempt.py)."""
+        return self.root / ".config.attempt.toml"
+
+    @property
+    def lock(self) -> Path:
+        return self.root / "run.lock"
 
     @property
     def metrics(self) -> Path:
@@ -62,13 +75,29 @@ def create_run_dir(parent: Path, name: str) -> RunPaths:
 
     `os.mkdir` is atomic, so two jobs started at the same moment cannot both claim a name.
     """
-    parent.mkdir(parents=True, exist_ok=True)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise ShoalError(
+            f"run.dir: {parent} is not a folder (a file is in the way); set run.dir to a "
+            "folder (it is created if missing)"
+        ) from None
+    except OSError as exc:
+        raise ShoalError(
+            f"run.dir: cannot create {parent}: {exc.strerror}; set run.dir to a folder you can "
+            "write to"
+        ) from None
     for attempt in range(1, 10_000):
         candidate = parent / (name if attempt == 1 else f"{name}-{attempt}")
         try:
             os.mkdir(candidate)
         except FileExistsError:
             continue
+        except OSError as exc:
+            raise ShoalError(
+                f"run.dir: cannot create {candidate}: {exc.strerror}; set run.dir to a folder "
+                "you can write to"
+            ) from None
         paths = RunPaths(candidate)
         paths.logs.mkdir()
         paths.checkpoints.mkdir()

@@ -40,6 +40,8 @@ class WorkerContext:
     #: which ranks share a machine (placement by host, naming a lost host)
     hosts: Hosts
     resume_from: str | None = None
+    #: `--allow-changes`: a resume may change what the run trains (checkpoint/changes.py)
+    allow_changes: bool = False
     heartbeat: Heartbeat | None = None
     #: the process group of this context's collectives (None: the whole world). A strategy
     #: whose ranks have different roles (parameter-server workers and servers) runs the

@@ -33,6 +33,13 @@ class Strategy(ABC):
     #: the `[strategy]` field that `--workers N` sets (None: the strategy runs one process)
     workers_field: ClassVar[str | None] = None
 
+    #: `[strategy]` fields (patterns, e.g. "sharding.*") a resume may change freely: they
+    #: change neither the problem nor the saved state's shape (the workers field is one)
+    resume_safe: ClassVar[tuple[str, ...]] = ()
+    #: `[strategy]` fields whose change the saved state cannot load into: always refused.
+    #: Any field in neither list changes the problem and needs --allow-changes.
+    resume_incompatible: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
 

@@ -40,6 +40,7 @@ class DataParallelStrategy(Strategy):
         return config.strategy.num_replicas
 
     workers_field: ClassVar[str | None] = "num_replicas"
+    resume_safe: ClassVar[tuple[str, ...]] = ("bucket_cap_mb",)
 
     @property
     def config(self) -> DataParallelStrategyConfig:

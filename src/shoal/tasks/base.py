@@ -48,6 +48,11 @@ class Task(ABC):
     #: them), by name, with the range [low, high) of values they accept
     tunable: ClassVar[dict[str, tuple[float, float]]] = {}
 
+    #: `[task]` fields (patterns) a resume may change freely, and those the saved model
+    #: cannot load into (its shape, id maps): see checkpoint/changes.py
+    resume_safe: ClassVar[tuple[str, ...]] = ()
+    resume_incompatible: ClassVar[tuple[str, ...]] = ()
+
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
 

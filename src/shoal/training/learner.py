@@ -122,6 +122,7 @@ class Learner:
         state = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
+            "optimizer_kind": self.train.optimizer.kind,
             "scheduler": self.scheduler.state_dict(),
         }
         if self.precision.mode == "fp16":
@@ -129,12 +130,26 @@ class Learner:
         return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a saved state under the current config.
+
+        The config decides the optimizer's hyperparameters and the schedule (a resume
+        may extend the run, or change the learning rate with --allow-changes): torch's
+        `load_state_dict` would bring back the saved ones silently. A saved optimizer of
+        another kind has state this one cannot use: the optimizer then starts afresh.
+        """
         self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
+        fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+        if state.get("optimizer_kind", self.train.optimizer.kind) == self.train.optimizer.kind:
+            self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         if "precision" in state and self.precision.mode == "fp16":
             self.precision.load_state_dict(state["precision"])
-        # the schedule follows the current config (a resumed run may have been extended)
         self.scheduler.lr_lambdas[0] = WarmupDecay(
             self.train.warmup_steps, self.total_steps, self.train.lr_decay, self.train.min_lr_ratio
         )
+        self.scheduler.base_lrs = [g["initial_lr"] for g in fresh]
+        step = self.scheduler.last_epoch
+        for group, settings in zip(self.optimizer.param_groups, fresh, strict=True):
+            group.update({k: v for k, v in settings.items() if k != "lr"})
+            group["lr"] = group["initial_lr"] * self.scheduler.lr_lambdas[0](step)
+        self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]

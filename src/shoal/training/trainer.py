@@ -27,6 +27,7 @@ import torch
 
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.checkpoint.manager import CheckpointManager, list_checkpoints, load_checkpoint
+from shoal.checkpoint.resume import open_resume
 from shoal.config import dump_config
 from shoal.errors import ShoalError
 from shoal.monitor.metrics import MetricsLog
@@ -299,6 +300,8 @@ class Trainer:
     def _save(self, manager: CheckpointManager | None = None) -> None:
         """Collective: write a checkpoint with `manager` (default: the periodic checkpoints)."""
         ctx, p = self.ctx, self.progress
+        if manager is None and self._saved_step == p.global_step:
+            return  # e.g. every_steps and every_epochs at the same step
         self._sync_time()
         state: dict[str, Any] = {}
         strategy_state = self.strategy.state_dict()  # collective: may gather every rank's state
@@ -312,8 +315,7 @@ class Trainer:
         meta = {
             "epoch": p.epoch,
             "step_in_epoch": p.step_in_epoch,
-            "strategy": ctx.config.strategy.type,
-            "task": ctx.config.task.type,
+            "train_size": self.task.train_size,
         }
         if manager is not None:
             path = manager.save(p.global_step, state, meta, self._checkpoint_files)
@@ -335,7 +337,9 @@ class Trainer:
 
     def _restore(self, path: Path) -> None:
         ctx = self.ctx
-        state, meta = load_checkpoint(path)
+        point = open_resume(ctx, path, self.task.train_size)
+        state, meta = point.state, point.meta
+        point.check_model(self.learner.model, state["model"])
         self.learner.load_state_dict(state)
         self.progress.load_state_dict(state["progress"])
         self.strategy.load_state_dict(state.get("strategy", {}))

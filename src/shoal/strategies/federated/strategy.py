@@ -30,7 +30,8 @@ import torch
 from torch import nn
 
 from shoal.checkpoint.atomic import atomic_write_json
-from shoal.checkpoint.manager import CheckpointManager, load_checkpoint
+from shoal.checkpoint.manager import CheckpointManager
+from shoal.checkpoint.resume import open_resume
 from shoal.config import dump_config
 from shoal.config.root import ShoalConfig
 from shoal.errors import JobFailed, ShoalError
@@ -71,6 +72,13 @@ class FederatedStrategy(Strategy):
         return config.strategy.workers
 
     workers_field: ClassVar[str | None] = "workers"
+    resume_safe: ClassVar[tuple[str, ...]] = (
+        "rounds",
+        "eval_every_rounds",
+        "round_timeout_s",
+        "audit_wire",
+        "inject",
+    )
 
     @property
     def config(self) -> FederatedStrategyConfig:
@@ -407,8 +415,7 @@ class FederatedStrategy(Strategy):
             "round": self.completed,
             "epoch": 0,
             "step_in_epoch": 0,
-            "strategy": ctx.config.strategy.type,
-            "task": ctx.config.task.type,
+            "train_size": self.task.train_size,
         }
         path = self.checkpoints.save(self.completed, state, meta)
         if path is not None:
@@ -417,9 +424,11 @@ class FederatedStrategy(Strategy):
             ctx.log.info("checkpoint written: %s", path)
 
     def _restore(self, path: Path) -> None:
-        state, _ = load_checkpoint(path)
+        point = open_resume(self.ctx, path, self.task.train_size)
+        state = point.state
         if "server" not in state:
             raise ShoalError(f"{path}: not a federated checkpoint; resume it with its own strategy")
+        point.check_model(self.model, state["model"])
         self.model.load_state_dict(state["model"])
         self.x = self.vector.read()
         self.aggregation.load_state_dict(state["server"])

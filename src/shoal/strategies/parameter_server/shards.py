@@ -8,8 +8,9 @@ bound that holds throughout is the workers'.)
 A checkpoint holds one file per server (`ps-shard-SSS-of-NNN.pt`: global ids,
 rows, per-row optimizer state, the clock). On resume each server reads every
 file and keeps the rows it owns now, so a different `num_servers` or sharding
-re-shards; one file in memory at a time. A row missing from the files, or a
-table of another size, is a clear error.
+re-shards; one file in memory at a time. The files are verified against the
+checkpoint's meta.json first. A row missing from the files, or a table of another
+size, is a clear error.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from shoal.checkpoint.integrity import load_tensors, verified_meta
 from shoal.errors import ShoalError
 from shoal.strategies.parameter_server.row_optimizers import RowOptimizer
 from shoal.strategies.parameter_server.server import TABLES, TableShard
@@ -48,11 +50,12 @@ def load_shards(
             f"{folder}: no parameter-server shard files ({SHARD_GLOB}); this checkpoint was not "
             "written by strategy parameter_server"
         )
+    verified_meta(folder, [f.name for f in files])  # a server reads no byte unchecked
     covered = {name: torch.zeros(len(t.ids), dtype=torch.bool) for name, t in tables.items()}
     clocks = set()
     saved_servers = set()
     for file in files:
-        state = torch.load(file, map_location="cpu", weights_only=True)
+        state = load_tensors(folder, file.name)
         clocks.add(int(state["clock"]))
         saved_servers.add(int(state["num_servers"]))
         for name in TABLES:

@@ -58,6 +58,17 @@ class ParameterServerStrategy(Strategy):
     """Workers pull the rows each batch touches and push their gradients to sharded servers."""
 
     workers_field: ClassVar[str | None] = "num_workers"
+    # shard files re-shard on resume; the rows' optimizer state is of one kind
+    resume_safe: ClassVar[tuple[str, ...]] = (
+        "num_servers",
+        "placement",
+        "sharding.*",
+        "barrier_timeout_s",
+        "prefetch",
+        "max_message_rows",
+        "worker_memory_budget_mb",
+    )
+    resume_incompatible: ClassVar[tuple[str, ...]] = ("optimizer.kind",)
     client: RowClient
 
     @classmethod

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from shoal.checkpoint.manager import load_checkpoint
+from shoal.checkpoint.resume import open_resume
 from shoal.config import dump_config
 from shoal.errors import ShoalError
 from shoal.strategies.population.lineage import Generation
@@ -61,11 +61,7 @@ def save(trainer: PopulationTrainer) -> None:
             "population": json.dumps(bookkeeping(trainer)),
             "config": dump_config(ctx.config),
         }
-    meta = {
-        "generation": trainer.next_generation,
-        "strategy": ctx.config.strategy.type,
-        "task": ctx.config.task.type,
-    }
+    meta = {"generation": trainer.next_generation, "train_size": trainer.task.train_size}
     path = trainer.checkpoints.save(step, state, meta)
     trainer.times["checkpoint"] += time.perf_counter() - started
     if path is not None:
@@ -84,7 +80,8 @@ def save(trainer: PopulationTrainer) -> None:
 
 def restore(trainer: PopulationTrainer, path: Path) -> None:
     """Take this worker's members and the bookkeeping from checkpoint `path`."""
-    state, meta = load_checkpoint(path)
+    point = open_resume(trainer.ctx, path, trainer.task.train_size)
+    state, meta = point.state, point.meta
     if "members" not in state:
         raise ShoalError(
             f"{path}: not a population_based checkpoint (strategy {meta.get('strategy')}); "
@@ -106,6 +103,7 @@ def restore(trainer: PopulationTrainer, path: Path) -> None:
     trainer.samples = book["samples"]
     trainer.times = book["times"]
     for m, member in trainer.members.items():
+        point.check_model(member.model, state["members"][m]["model"])
         member.load_state_dict(state["members"][m])
         member.set_hyperparameters(trainer.hyper[m])
     trainer.last_checkpoint = path

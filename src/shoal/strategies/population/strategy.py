@@ -27,6 +27,8 @@ class PopulationStrategy(Strategy):
 
     in_process: ClassVar[bool] = True
     workers_field: ClassVar[str | None] = "workers"
+    resume_safe: ClassVar[tuple[str, ...]] = ("generations", "checkpoint_every")
+    resume_incompatible: ClassVar[tuple[str, ...]] = ("population_size",)
 
     @classmethod
     def world_size(cls, config: ShoalConfig) -> int:

@@ -46,6 +46,11 @@ class ClassificationTask(Task):
 
     primary_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
     tunable: ClassVar[dict[str, tuple[float, float]]] = {"dropout": (0.0, 1.0)}
+    resume_incompatible: ClassVar[tuple[str, ...]] = (
+        "model.hidden",
+        "data.features",
+        "data.classes",
+    )
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)

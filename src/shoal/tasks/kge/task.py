@@ -40,6 +40,19 @@ class KGETask(Task):
     """
 
     primary_metric: ClassVar[tuple[str, str]] = ("mrr", "max")
+    # the training triples give the id maps; model type and dim give the tables' meaning
+    resume_incompatible: ClassVar[tuple[str, ...]] = (
+        "model.type",
+        "dim",
+        "data.source",
+        "data.name",
+        "data.train",
+    )
+    resume_safe: ClassVar[tuple[str, ...]] = (
+        "evaluation.batch_size",
+        "evaluation.block_elements",
+        "evaluation.hits_at",
+    )
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)

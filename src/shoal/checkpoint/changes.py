@@ -1,0 +1,196 @@
+"""What a resume may change: the config asked for, compared with the one a checkpoint holds.
+
+Every field that differs falls in one of three classes:
+
+- **safe**: how long, how often, where and on how many workers the run trains,
+  how it is watched (`train.epochs`, `[checkpoint]`, `[monitor]`, `[faults]`,
+  `[run]`, the strategy's worker count and what a strategy lists in `resume_safe`);
+- **changes the problem**: the run continues, but no longer trains what its
+  checkpoints trained (learning rate, optimizer kind, loss, seed, dataset size,
+  the content of a data file...). Refused unless the user says `--allow-changes`;
+  when allowed, logged and recorded in metrics.jsonl (`config_change`);
+- **incompatible**: the saved state cannot load (model shape, data that changes
+  the id maps, a parameter server's optimizer kind: what the task or strategy
+  lists in `resume_incompatible`). Always refused.
+
+The safe fields are an allow-list: a field nobody classified (a new one) changes
+the problem until someone says otherwise, so it is refused by default. A changed
+variant (`type`, `kind`, `source`, `method`) is one change; the fields under it
+are not compared one by one.
+"""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Any
+
+from shoal.checkpoint.fingerprint import data_fingerprint
+from shoal.checkpoint.integrity import checkpoint_config_text
+from shoal.config import ShoalConfig, dump_config
+from shoal.errors import ConfigError
+
+SAFE = "safe"
+CHANGES_PROBLEM = "changes the problem"
+INCOMPATIBLE = "incompatible"
+
+ROOT_SAFE = (
+    "train.epochs",
+    "train.max_steps",
+    "train.eval_every_epochs",
+    "train.eval_batch_size",
+    "train.early_stopping_patience",
+    "train.early_stopping_min_delta",
+    "checkpoint.*",
+    "monitor.*",
+    "faults.*",
+    "run.*",
+)
+ROOT_INCOMPATIBLE = ("task.type", "strategy.type")
+DISCRIMINATORS = ("type", "kind", "source", "method")
+_UNSET = object()
+
+
+@dataclass(frozen=True)
+class Change:
+    """One field that differs: what the checkpoint holds and what was asked, as shown to
+    the user, and its class (SAFE, CHANGES_PROBLEM or INCOMPATIBLE)."""
+
+    field: str
+    saved: str
+    asked: str
+    kind: str
+
+    def text(self) -> str:
+        return f"the checkpoint holds {self.saved}, asked {self.asked}"
+
+    def record(self) -> dict[str, Any]:
+        return {
+            "field": self.field,
+            "checkpoint": self.saved,
+            "asked": self.asked,
+            "class": self.kind,
+        }
+
+
+def _show(value: Any) -> str:
+    if value is _UNSET:
+        return "nothing (unset)"
+    if isinstance(value, dict) and "sha256" in value:
+        return f"a file of {value['size']} bytes (sha256 {str(value['sha256'])[:12]})"
+    if isinstance(value, dict) and value.get("missing"):
+        return "a missing file"
+    return json.dumps(value)
+
+
+def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
+    if not isinstance(data, dict):
+        return {prefix: data}
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        out.update(_flatten(value, f"{prefix}.{key}" if prefix else key))
+    return out
+
+
+def _rules(config: ShoalConfig) -> tuple[list[str], list[str]]:
+    """(safe, incompatible) field patterns for this config's task and strategy."""
+    from shoal.strategies.registry import strategy_class  # the registries import checkpoint
+    from shoal.tasks.registry import TASKS
+
+    safe, incompatible = list(ROOT_SAFE), list(ROOT_INCOMPATIBLE)
+    strategy = strategy_class(config.strategy.type)
+    task = TASKS.get(config.task.type)
+    for prefix, owner in (("strategy", strategy), ("task", task)):
+        safe += [f"{prefix}.{p}" for p in getattr(owner, "resume_safe", ())]
+        incompatible += [f"{prefix}.{p}" for p in getattr(owner, "resume_incompatible", ())]
+    if strategy.workers_field is not None:  # a different worker count re-shards the work
+        safe.append(f"strategy.{strategy.workers_field}")
+    return safe, incompatible
+
+
+def classify(field: str, safe: list[str], incompatible: list[str]) -> str:
+    if any(fnmatchcase(field, pattern) for pattern in incompatible):
+        return INCOMPATIBLE
+    if any(fnmatchcase(field, pattern) for pattern in safe):
+        return SAFE
+    return CHANGES_PROBLEM
+
+
+def _differences(saved: dict[str, Any], asked: dict[str, Any]) -> dict[str, tuple[Any, Any]]:
+    a, b = _flatten(saved), _flatten(asked)
+    diff = {
+        key: (a.get(key, _UNSET), b.get(key, _UNSET))
+        for key in sorted(a.keys() | b.keys())
+        if a.get(key, _UNSET) != b.get(key, _UNSET)
+    }
+    switched = {key.rpartition(".")[0] for key in diff if key.rpartition(".")[2] in DISCRIMINATORS}
+
+    def under_switched(key: str) -> bool:
+        """Inside a table whose variant changed (that variant's own tag is reported)."""
+        table, _, name = key.rpartition(".")
+        return any(
+            key.startswith(f"{t}.") and not (t == table and name in DISCRIMINATORS)
+            for t in switched
+        )
+
+    return {key: values for key, values in diff.items() if not under_switched(key)}
+
+
+def resume_changes(
+    checkpoint: Path,
+    meta: dict[str, Any],
+    config: ShoalConfig,
+    train_size: int | None = None,
+) -> list[Change]:
+    """Every difference between the run a checkpoint holds and `config`, classified.
+
+    Files are compared by content: the same data at a new path is no change, a file
+    changed behind an unchanged path is a change of the field that names it.
+    `train_size` (known once the task is built) is compared with the checkpoint's.
+    """
+    saved = tomllib.loads(checkpoint_config_text(checkpoint, meta))
+    asked = tomllib.loads(dump_config(config))
+    safe, incompatible = _rules(config)
+    saved_files: dict[str, Any] | None = meta.get("data")
+    files_now = data_fingerprint(config) if saved_files is not None else {}
+    changes: list[Change] = []
+    for field, (before, after) in _differences(saved, asked).items():
+        kind = classify(field, safe, incompatible)
+        if saved_files and field in saved_files and saved_files[field] == files_now.get(field):
+            kind = SAFE  # the same file, moved
+        changes.append(Change(field, _show(before), _show(after), kind))
+    paths_before, paths_now = _flatten(saved), _flatten(asked)
+    for field in sorted((saved_files or {}).keys() & files_now.keys()):
+        before, after = (saved_files or {})[field], files_now[field]
+        if paths_before.get(field) == paths_now.get(field) and before != after:
+            kind = classify(field, safe, incompatible)
+            changes.append(Change(field, _show(before), _show(after), kind))
+    saved_size = meta.get("train_size")
+    if train_size is not None and isinstance(saved_size, int) and saved_size != train_size:
+        kind = classify("task.data", safe, incompatible)
+        before, after = f"{saved_size} training samples", f"{train_size} training samples"
+        changes.append(Change("task.data", before, after, kind))
+    return changes
+
+
+def refuse_changes(changes: list[Change], checkpoint: Path, allow: bool) -> None:
+    """Raise one line per change a resume may not make: incompatible ones always, those that
+    change the problem unless `allow` (--allow-changes)."""
+    lines = [
+        f"{c.field}: cannot change when resuming from {checkpoint}: {c.text()}; the saved "
+        "state cannot load with it: resume without this change, or start a new run"
+        for c in changes
+        if c.kind == INCOMPATIBLE
+    ]
+    if not allow:
+        lines += [
+            f"{c.field}: resuming from {checkpoint} with this change would change what the run "
+            f"trains: {c.text()}; pass --allow-changes to resume with it anyway, or drop it"
+            for c in changes
+            if c.kind == CHANGES_PROBLEM
+        ]
+    if lines:
+        raise ConfigError(*lines)
