@@ -176,3 +176,34 @@ def test_a_bind_no_host_has_fails_on_every_host_in_one_line(
             f"run.bind: no address in 10.99.0.0/16 on host {host.name}; its interfaces: lo "
             f"127.0.0.1, ::1; eth0 {host.address}"
         ), lines[0]
+
+
+@pytest.mark.slow
+def test_torchrun_two_hosts_parameter_server_with_a_server_on_each_host(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """Co-located servers dealt over the hosts (ranks 0 and 2): the tables one host trains."""
+    from tests.strategies.parameter_server.test_jobs import job, ps, ps_tables
+    from tests.tasks.kge.planted import write_planted_graph
+
+    (tmp_path / "graph").mkdir()
+    graph = {k: str(v) for k, v in write_planted_graph(tmp_path / "graph").items()}
+    config = job(
+        tmp_path / "runs",
+        graph,
+        "one",
+        strategy=ps(num_workers=4, num_servers=2, placement="colocated"),
+    )
+    one = shoal.train(config)
+    cluster = make_cluster(2)
+    run = start_torchrun(cluster, config, tmp_path, "two").wait()
+    results = run.check()
+    assert results["world_size"] == 4 and results["steps"] == one["steps"]
+    h0, h1 = cluster.hosts
+    assert "parameter server 0 of 2 on rank 0: " in run.log(0)
+    assert f"; host {h0.name} ({h0.address})" in run.log(0)
+    assert "parameter server 1 of 2 on rank 2: " in run.log(2)
+    assert f"; host {h1.name} ({h1.address})" in run.log(2)
+    mine, theirs = ps_tables(one), ps_tables(results)
+    for name in mine:
+        torch.testing.assert_close(mine[name], theirs[name], rtol=0, atol=1e-5, msg=name)
