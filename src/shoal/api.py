@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.config.loading import ConfigSource
+from shoal.launch.cores import check_cores
 from shoal.launch.environment import external_launch
 from shoal.launch.plan import create_run, plan_job, resume_root
 from shoal.run import RunPaths
@@ -21,6 +22,7 @@ def train(
     workers: int | None = None,
     overrides: tuple[str, ...] | list[str] = (),
     resume: str | Path | None = None,
+    force: bool = False,
     allow_changes: bool = False,
 ) -> dict[str, Any]:
     """Train a job and return its results (the content of the run's results.json).
@@ -31,10 +33,14 @@ def train(
     newest checkpoint) or one checkpoint folder; `allow_changes` lets a resume
     change what the run trains (a learning rate, the data...: see
     checkpoint/changes.py). Under torchrun (or as a task of a Slurm `srun` step),
-    this process joins the launched job instead of starting workers.
+    this process joins the launched job instead of starting workers. More worker
+    processes than cores are started with a warning; more than 4 per core are
+    refused (ShoalError) unless `force`.
 
     This process holds the run directory's lock for the whole job (run/lock.py):
-    a second job on the same run is refused, naming this one.
+    a second job on the same run is refused, naming this one. A run that SIGTERM
+    or SIGINT stopped raises RunStopped (its `exit_code` is 128 + the signal)
+    after writing its final checkpoint and results.json.
 
     >>> results = shoal.train("examples/demo.toml", workers=2)
     >>> results["valid"]["accuracy"]
@@ -49,6 +55,11 @@ def train(
         root = resume_root(resume) if resume is not None else None
         lock = held.enter_context(RunLock(RunPaths(root).lock)) if root is not None else None
         plan = plan_job(config, overrides, workers, resume, allow_changes)
+        if not plan.in_process:  # before the run directory is created
+            source = f"--workers {workers}" if workers is not None else "[strategy] of the config"
+            warning = check_cores(plan.world_size, source, force)
+            if warning:
+                print(f"shoal: warning: {warning}", flush=True)
         paths = create_run(plan)
         if lock is None:
             lock = held.enter_context(RunLock(paths.lock))

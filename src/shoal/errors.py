@@ -46,3 +46,17 @@ class TrainingHalted(ShoalError):
     """
 
     exit_code = EXIT_HALTED
+
+
+class RunStopped(ShoalError):
+    """The run stopped on request (SIGTERM, SIGINT): not a failure.
+
+    Every rank stopped at the same step boundary and a final checkpoint was written
+    (unless a second signal ended it at once). The exit code is 128 + the signal
+    number, as a shell reports a process ended by that signal.
+    """
+
+    def __init__(self, signum: int, *lines: str) -> None:
+        super().__init__(*lines)
+        self.signum = signum
+        self.exit_code = 128 + signum

@@ -198,6 +198,7 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
         "model_update": (torch.float32, params + 1),
         "masked_model_update": (torch.int64, params + 1),
         "public_keys": (torch.uint8, 4 * 256),
+        "stop_request": (torch.int32, 2),  # each worker's stop signal, after every round
     }
     seen = set()
     for rank in (0, 1):
@@ -213,10 +214,14 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
                 assert not _contains_row(tensor.numpy(), rows), f"a sample in {record['what']}"
             seen.add(record["what"])
     update = "masked_model_update" if secure else "model_update"
-    assert seen == {"round_status", update} | ({"public_keys"} if secure else set())
+    expected = {"round_status", update, "stop_request"} | ({"public_keys"} if secure else set())
+    assert seen == expected
     rounds = _rounds(results)
     sent = rounds[-1]["wire_bytes_sent_per_worker"]
-    assert sent == 3 * (10 * 8 + (params + 1) * (8 if secure else 4)) + (1024 if secure else 0)
+    # the third round's record is written before its stop agreement: two of 2 x 4 bytes
+    assert sent == 3 * (10 * 8 + (params + 1) * (8 if secure else 4)) + (1024 if secure else 0) + (
+        2 * 2 * 4
+    )
 
 
 def test_differential_privacy_clips_noises_and_reports(runs: Path) -> None:

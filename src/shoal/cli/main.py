@@ -1,7 +1,9 @@
 """`shoal train`, `shoal config validate|schema|show`.
 
 User errors print one line each (what, where, how to fix) and exit 2, without a
-traceback; a failed job exits 1 with the rank and error that caused it.
+traceback; a failed job exits 1 with the rank and error that caused it; a run
+stopped by SIGTERM or SIGINT exits 128 + the signal (143, 130) after its final
+checkpoint.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ def _train(args: argparse.Namespace) -> int:
         workers=args.workers,
         overrides=args.set,
         resume=args.resume,
+        force=args.force,
         allow_changes=args.allow_changes,
     )
     launch = external_launch()
@@ -86,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help=set_help)
     train.add_argument(
         "--resume", metavar="RUN_DIR", help="continue a run from its newest checkpoint"
+    )
+    train.add_argument(
+        "--force",
+        action="store_true",
+        help="start the workers even if they outnumber the CPU cores more than 4 times",
     )
     train.add_argument(
         "--allow-changes",

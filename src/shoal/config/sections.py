@@ -128,7 +128,11 @@ class FaultsConfig(ConfigModel):
         1.0, gt=0, description="How often each worker reports that it is alive."
     )
     heartbeat_timeout_s: float = Field(
-        60.0, gt=0, description="A worker silent this long is declared lost and the job stops."
+        5.0,
+        gt=0,
+        description="A worker silent this long is declared lost and the job stops. Heartbeats "
+        "come from a thread that keeps beating while the worker evaluates or writes a "
+        "checkpoint (the longest gap measured: 1.01 s at a 1 s interval, writing 450 MB).",
     )
     inject: FaultInjection | None = Field(
         None, description="Fault injection for testing fault handling; leave unset in real runs."

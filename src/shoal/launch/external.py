@@ -28,7 +28,7 @@ import torch.distributed as dist
 
 from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.config import ShoalConfig, dump_config
-from shoal.errors import ShoalError
+from shoal.errors import RunStopped, ShoalError
 from shoal.launch.environment import ExternalLaunch
 from shoal.launch.job import run_job
 from shoal.launch.network import resolve_bind, use_for_gloo
@@ -41,6 +41,7 @@ from shoal.run.lock import RunLock
 from shoal.runtime.collectives import barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
+from shoal.runtime.stop import stop_on_signals
 
 
 @dataclass
@@ -149,7 +150,11 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             allow_changes=plan.allow_changes,
         )
         try:
-            results = run_job(ctx)
+            with stop_on_signals(log):
+                results = run_job(ctx)
+        except RunStopped as exc:
+            log.info("%s", exc)
+            raise
         except Exception as exc:
             failed = True
             log.exception("rank %d failed", rank)

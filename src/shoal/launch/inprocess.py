@@ -7,7 +7,7 @@ from typing import Any
 import torch
 
 from shoal.config import ShoalConfig
-from shoal.errors import ShoalError
+from shoal.errors import RunStopped, ShoalError
 from shoal.launch.job import run_job
 from shoal.launch.process_group import pick_device
 from shoal.launch.reports import write_report
@@ -15,6 +15,7 @@ from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
+from shoal.runtime.stop import raise_now, stop_on_signals
 
 
 def run_in_process(
@@ -46,7 +47,10 @@ def run_in_process(
             resume_from=resume_from,
             allow_changes=allow_changes,
         )
-        return run_job(ctx)
+        with stop_on_signals(log, at_once=raise_now):
+            return run_job(ctx)
+    except RunStopped:
+        raise
     except Exception as exc:
         if not isinstance(exc, ShoalError):
             log.exception("training failed")

@@ -7,16 +7,21 @@ from typing import Any
 from shoal.run.attempt import promote_config
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything
+from shoal.runtime.stop import raise_if_stopped
 from shoal.strategies.registry import strategy_class
 from shoal.tasks.registry import build_task
 
 
 def run_job(ctx: WorkerContext) -> dict[str, Any]:
-    """Build the task (data) and the strategy, and run the strategy's loop."""
+    """Build the task (data) and the strategy, and run the strategy's loop.
+
+    A run that a stop request ended raises RunStopped (exit code 128 + signal) once its
+    results are written."""
     seed_everything(ctx.config.train.seed)  # user factories may draw random numbers
     task = build_task(ctx)
     strategy = strategy_class(ctx.config.strategy.type)(ctx)
     results = strategy.run(task)
     if ctx.is_main:  # a resumed run that wrote no checkpoint still ran with this config
         promote_config(ctx.paths, ctx.config)
+    raise_if_stopped(results)
     return results

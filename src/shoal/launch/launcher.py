@@ -1,40 +1,62 @@
 """The local launcher: start N workers on this machine, watch them, stop them all on a failure.
 
 A small torchrun for one machine. The launcher hosts the job's TCP store on a
-socket it binds to 127.0.0.1 with a port the OS picks, starts each worker as
-`python -m shoal.launch.worker` with torchrun's environment variables, and then
-watches: a worker that exits non-zero, or whose heartbeat stops, ends the job
-within seconds, with a message naming the rank, its step and its error, and the
-other workers are terminated. Nothing waits forever.
+socket it binds to 127.0.0.1 with a port the OS picks, draws the job's secret
+(given to the workers in their environment, never through the store), starts
+each worker as `python -m shoal.launch.worker` with torchrun's environment
+variables in a session of its own, and then watches: a worker that exits
+non-zero, whose heartbeat stops, or whose process is stopped (state T) ends the
+job within seconds, with a message naming the rank, its newest step and its
+error, and the other workers are killed. Nothing waits forever.
+
+SIGTERM or SIGINT to the launcher is a request to stop: it is forwarded to every
+worker, they stop at the same step boundary with a checkpoint, and the launcher
+exits with 128 + the signal number. A second signal kills the workers at once.
 """
 
 from __future__ import annotations
 
 import contextlib
 import datetime
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO
+from types import FrameType
+from typing import IO, Any
 
 import torch.distributed as dist
 
 from shoal.config import ShoalConfig
-from shoal.errors import EXIT_FAILURE, EXIT_HALTED, JobFailed, ShoalError, TrainingHalted
+from shoal.errors import (
+    EXIT_FAILURE,
+    EXIT_HALTED,
+    JobFailed,
+    RunStopped,
+    ShoalError,
+    TrainingHalted,
+)
 from shoal.launch.process_group import LAUNCHER_ENV, loopback_interface
 from shoal.launch.reports import read_report
+from shoal.launch.watch import STOPPED_STATES, StoreReader, existing, process_state
 from shoal.run import RunPaths
-from shoal.runtime.heartbeat import read_heartbeat
+from shoal.runtime.auth import SECRET_ENV, Signer, new_secret
+from shoal.runtime.stop import STOP_SIGNALS, describe_stop, signal_name
 
 POLL_S = 0.1
 HEARTBEAT_CHECK_S = 0.5
+#: how long a worker may sit in state T (stopped) before the job ends naming it
+STOPPED_AFTER_S = 1.0
 REPORT_GRACE_S = 2.0
-TERMINATE_GRACE_S = 5.0
+KILL_GRACE_S = 5.0
+#: exit codes of a worker that stopped on request (128 + signal), or that a stop signal killed
+STOP_CODES = {128 + s for s in STOP_SIGNALS} | {-s for s in STOP_SIGNALS}
 
 
 @dataclass
@@ -57,7 +79,12 @@ class LocalLauncher:
     workers: list[_Worker] = field(default_factory=list)
 
     def run(self) -> None:
-        """Run the job to completion; raises JobFailed (or ShoalError) if any worker fails."""
+        """Run the job to completion; raises JobFailed (or ShoalError, RunStopped) if it does
+        not complete."""
+        self._secret = new_secret()
+        self._started_wall = time.time()
+        self._stop_signal = 0  # a stop signal this launcher received (and forwarded)
+        self._stopped_since: dict[int, float] = {}
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", 0))  # loopback only; the OS picks a free port
@@ -71,18 +98,23 @@ class LocalLauncher:
             wait_for_workers=False,
             master_listen_fd=listener.detach(),
         )
+        self.reader = StoreReader(store, Signer(self._secret), _notice)
         try:
-            for rank in range(self.world_size):
-                self.workers.append(self._spawn(rank, port))
-            self._watch(store)
-        except KeyboardInterrupt:
-            self._terminate()
+            with self._signals_forwarded():
+                for rank in range(self.world_size):
+                    # a resumed run's folder may hold reports of an earlier failure: not this one's
+                    self.paths.error_file(rank).unlink(missing_ok=True)
+                    self.workers.append(self._spawn(rank, port))
+                self._watch()
+        except KeyboardInterrupt:  # signals could not be taken over (not the main thread)
+            self._kill()
             raise JobFailed("interrupted; workers stopped") from None
         finally:
-            self._terminate()
+            self._kill()
             for worker in self.workers:
                 if worker.output is not None:
                     worker.output.close()
+            del self.reader
             del store
 
     def _environment(self, rank: int, port: int) -> dict[str, str]:
@@ -97,6 +129,7 @@ class LocalLauncher:
             PYTHONUNBUFFERED="1",
         )
         env[LAUNCHER_ENV] = str(os.getpid())
+        env[SECRET_ENV] = self._secret
         threads = self.config.run.threads_per_worker or max(
             1, (os.cpu_count() or 1) // self.world_size
         )
@@ -123,68 +156,140 @@ class LocalLauncher:
             stdin=subprocess.DEVNULL,
             stdout=output,
             stderr=subprocess.STDOUT if output else None,
+            # a session of its own: a terminal's Ctrl-C reaches the launcher alone, which
+            # forwards it once (as torchrun does)
+            start_new_session=True,
             pass_fds=(self.lock_fd,) if self.lock_fd is not None else (),
         )
         return _Worker(rank, process, output)
 
+    # ------------------------------------------------------------ signals
+    @contextlib.contextmanager
+    def _signals_forwarded(self) -> Any:
+        """SIGTERM/SIGINT: forward the first to every worker; a second kills them at once."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def handle(signum: int, frame: FrameType | None) -> None:
+            if self._stop_signal:
+                self._kill()
+                raise RunStopped(
+                    signum,
+                    f"stopped at once by a second {signal_name(signum)}; workers killed "
+                    f"(the newest complete checkpoint is intact: shoal train --resume "
+                    f"{self.paths.root})",
+                )
+            self._stop_signal = signum
+            _notice(
+                f"{signal_name(signum)} received: every worker stops at the next step boundary "
+                "with a checkpoint (a second signal stops at once)"
+            )
+            for worker in self.workers:
+                if worker.process.poll() is None:
+                    with contextlib.suppress(ProcessLookupError):
+                        worker.process.send_signal(signum)
+
+        previous = {s: signal.signal(s, handle) for s in STOP_SIGNALS}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
     # ------------------------------------------------------------ watching
-    def _watch(self, store: dist.Store) -> None:
+    def _watch(self) -> None:
         started = time.monotonic()
-        next_heartbeat_check = started
+        next_check = started
         while True:
             now = time.monotonic()
             for worker in self.workers:
                 if worker.exited_at is None and worker.process.poll() is not None:
                     worker.exited_at = now
-            if all(w.process.returncode == 0 for w in self.workers):
+            codes = [w.process.returncode for w in self.workers]
+            if all(code == 0 for code in codes):
                 return
-            failed = [w for w in self.workers if w.process.returncode not in (None, 0)]
+            failed = [w for w in self.workers if w.process.returncode not in (None, 0, *STOP_CODES)]
             if failed:
-                raise self._failure(store, failed)
-            if now >= next_heartbeat_check:
-                lost = self._lost_worker(store, now - started)
+                raise self._failure(failed)
+            if None not in codes:  # every worker ended, some of them on a stop request
+                raise self._stopped()
+            if now >= next_check:
+                lost = self._lost_worker(now, now - started)
                 if lost:
-                    self._terminate()
+                    self._kill()
                     raise JobFailed(lost)
-                next_heartbeat_check = now + HEARTBEAT_CHECK_S
+                next_check = now + HEARTBEAT_CHECK_S
             time.sleep(POLL_S)
 
-    def _steps(self, store: dist.Store) -> dict[int, int]:
-        steps = {}
-        for worker in self.workers:
-            with contextlib.suppress(Exception):
-                beat = read_heartbeat(store, worker.rank)
-                if beat is not None:
-                    steps[worker.rank] = beat[1]
-        return steps
+    def _see(self, rank: int) -> str:
+        """'see LOG' for a rank's log or output file, whichever exists; never a path that
+        does not (a worker still starting has written neither)."""
+        found = existing(self.paths.log_file(rank), self.paths.output_file(rank))
+        return f"see {found}" if found else "it has written no log yet"
 
-    def _lost_worker(self, store: dist.Store, running_for: float) -> str | None:
+    def _lost_worker(self, now: float, running_for: float) -> str | None:
         faults = self.config.faults
-        steps = self._steps(store)
-        for worker in self.workers:
-            if worker.process.returncode is not None:
+        running = [w for w in self.workers if w.process.returncode is None]
+        steps = self.reader.steps([w.rank for w in self.workers])
+        for worker in running:
+            rank = worker.rank
+            last = f"step {steps[rank]}" if steps.get(rank, -1) >= 0 else "no step yet"
+            ahead = max(steps.values(), default=-1)
+            state = process_state(worker.process.pid)
+            if state in STOPPED_STATES:
+                since = self._stopped_since.setdefault(rank, now)
+                if now - since >= STOPPED_AFTER_S:
+                    return (
+                        f"rank {rank} is stopped (process {worker.process.pid} in state "
+                        f"{state}: SIGSTOP, Ctrl-Z or a debugger) and the job cannot go on "
+                        f"without it; it last reported {last}, other ranks up to step {ahead}; "
+                        f"{self._see(rank)}"
+                    )
                 continue
-            beat = read_heartbeat(store, worker.rank)
+            self._stopped_since.pop(rank, None)
+            beat = self.reader.heartbeat(rank)
             if beat is None:
                 if running_for > faults.start_timeout_s:
                     return (
-                        f"rank {worker.rank} did not start within {faults.start_timeout_s:g} s "
-                        f"(faults.start_timeout_s); see {self.paths.log_file(worker.rank)}"
+                        f"rank {rank} did not start within {faults.start_timeout_s:g} s "
+                        f"(faults.start_timeout_s){self.reader.tampering(rank)}; {self._see(rank)}"
                     )
                 continue
             silent = time.time() - beat[0]
             if silent > faults.heartbeat_timeout_s:
-                ahead = max(steps.values(), default=beat[1])
-                last = f"step {beat[1]}" if beat[1] >= 0 else "no step yet"
                 return (
-                    f"rank {worker.rank} stopped responding: no heartbeat for {silent:.0f} s "
+                    f"rank {rank} stopped responding: no heartbeat for {silent:.0f} s "
                     f"(faults.heartbeat_timeout_s = {faults.heartbeat_timeout_s:g}); it last "
-                    f"reported {last}, other ranks up to step {ahead}; "
-                    f"see {self.paths.log_file(worker.rank)}"
+                    f"reported {last}, other ranks up to step {ahead}"
+                    f"{self.reader.tampering(rank)}; {self._see(rank)}"
                 )
         return None
 
-    def _failure(self, store: dist.Store, failed: list[_Worker]) -> ShoalError:
+    def _stopped(self) -> RunStopped:
+        """Every worker ended and some stopped on request: how the run ended, in one line."""
+        codes = [w.process.returncode for w in self.workers]
+        signum = self._stop_signal or next(abs(c) % 128 for c in codes if c in STOP_CODES)
+        results = self._results_of_this_session()
+        stop = results.get("stop") if results else None
+        if isinstance(stop, dict) and {"signal", "step"} <= stop.keys():
+            return RunStopped(signum, describe_stop(stop, str(self.paths.root)))
+        steps = self.reader.steps([w.rank for w in self.workers])
+        step = max(steps.values(), default=-1)
+        where = f"at step {step}" if step >= 0 else "before its first step"
+        return RunStopped(
+            signum, f"stopped by {signal_name(signum)} {where}; no checkpoint was written"
+        )
+
+    def _results_of_this_session(self) -> dict[str, Any] | None:
+        """results.json, if this launch wrote it (a resumed run's folder holds older ones)."""
+        with contextlib.suppress(OSError, ValueError):
+            if self.paths.results.stat().st_mtime >= self._started_wall:
+                data = json.loads(self.paths.results.read_text())
+                return data if isinstance(data, dict) else None
+        return None
+
+    def _failure(self, failed: list[_Worker]) -> ShoalError:
         """Name the rank that caused the failure, then stop every worker.
 
         When one rank dies its peers soon fail too (a broken connection, a timed-out
@@ -199,20 +304,24 @@ class LocalLauncher:
             if worker.exited_at is None and worker.process.poll() is not None:
                 worker.exited_at = now
         on_their_own = sorted(
-            (w for w in self.workers if w.process.returncode not in (None, 0)),
+            (w for w in self.workers if w.process.returncode not in (None, 0, *STOP_CODES)),
             key=lambda w: (w not in failed, w.exited_at),
         )
-        steps = self._steps(store)
+        steps = self.reader.steps([w.rank for w in self.workers])
         silent_peers = [w.rank for w in self.workers if w.process.poll() is None]
-        self._terminate()
-        reports = {w.rank: read_report(self.paths.error_file(w.rank)) for w in on_their_own}
+        self._kill()
+        reports = {
+            w.rank: read_report(self.paths.error_file(w.rank)) or self.reader.report(w.rank)
+            for w in on_their_own
+        }
         causes = [
             w for w in on_their_own if (reports[w.rank] or {}).get("communication_error") is False
         ]
         unreported = [w for w in on_their_own if reports[w.rank] is None]
         culprit = (causes or unreported or on_their_own)[0]
         report = reports.get(culprit.rank)
-        log = self.paths.log_file(culprit.rank)
+        found = existing(self.paths.log_file(culprit.rank), self.paths.output_file(culprit.rank))
+        log = f"log: {found}" if found else "it wrote no log"
         if report and report.get("user_error"):
             lines = report.get("lines") or [report.get("message", "")]
             # a ShoalError raised at run time keeps its exit code: JobFailed (e.g. a federated
@@ -223,10 +332,12 @@ class LocalLauncher:
             if code == EXIT_HALTED:
                 return TrainingHalted(*lines)
             return ShoalError(*lines)
-        if report and report.get("step", -1) >= 0:
-            where = f" at step {report['step']}"
-        elif culprit.rank in steps and steps[culprit.rank] >= 0:
-            where = f" (last reported step {steps[culprit.rank]})"
+        # the newest step known: the report's (taken when it failed) or its last heartbeat's
+        step = max(int(report["step"]) if report else -1, steps.get(culprit.rank, -1))
+        if report and step >= 0:
+            where = f" at step {step}"
+        elif step >= 0:
+            where = f" (last reported step {step})"
         else:
             where = " before reporting its first step"
         code = culprit.process.returncode
@@ -235,24 +346,29 @@ class LocalLauncher:
             if report.get("communication_error") and silent_peers:
                 listed = ", ".join(map(str, silent_peers))
                 what += f"; rank {listed} had not failed but stopped answering"
-            return JobFailed(f"rank {culprit.rank} failed{where}: {what} (log: {log})")
+            return JobFailed(f"rank {culprit.rank} failed{where}: {what} ({log})")
         if code is not None and code < 0:
             name = signal.Signals(-code).name
-            return JobFailed(f"rank {culprit.rank} was killed by {name}{where} (log: {log})")
+            return JobFailed(f"rank {culprit.rank} was killed by {name}{where} ({log})")
         return JobFailed(
-            f"rank {culprit.rank} exited with code {code} without an error report{where} "
-            f"(log: {log})"
+            f"rank {culprit.rank} exited with code {code} without an error report{where} ({log})"
         )
 
-    def _terminate(self) -> None:
+    def _kill(self) -> None:
+        """End every worker still running, at once.
+
+        SIGKILL, not SIGTERM: a worker takes SIGTERM as a request to stop at its next
+        step boundary, which a job that already failed may never reach.
+        """
         running = [w for w in self.workers if w.process.poll() is None]
         for worker in running:
             with contextlib.suppress(ProcessLookupError):
-                worker.process.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + TERMINATE_GRACE_S
-        for worker in running:
-            try:
-                worker.process.wait(timeout=max(0.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
                 worker.process.kill()
-                worker.process.wait()
+        for worker in running:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                worker.process.wait(timeout=KILL_GRACE_S)
+
+
+def _notice(message: str) -> None:
+    """A warning of the launcher's own, on stderr (errors come once, at the end)."""
+    print(f"shoal: warning: {message}", file=sys.stderr, flush=True)

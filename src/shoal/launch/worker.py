@@ -2,7 +2,8 @@
 
 `python -m shoal.launch.worker --run-dir DIR [--resume CHECKPOINT]`, with the
 torchrun-style variables (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR,
-MASTER_PORT) set by the launcher, whose TCP store the worker joins.
+MASTER_PORT) set by the launcher, whose TCP store the worker joins, and the
+job's secret (SHOAL_JOB_SECRET) that seals what it writes there.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from pathlib import Path
 import torch.distributed as dist
 
 from shoal.config import load_config
-from shoal.errors import EXIT_FAILURE, ShoalError
+from shoal.errors import EXIT_FAILURE, RunStopped, ShoalError
 from shoal.launch.job import run_job
 from shoal.launch.process_group import (
     LAUNCHER_ENV,
@@ -30,13 +31,18 @@ from shoal.launch.process_group import (
 from shoal.launch.reports import write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths
+from shoal.runtime.auth import SECRET_ENV, Signer
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.heartbeat import Heartbeat
 from shoal.runtime.hosts import Hosts
+from shoal.runtime.stop import stop_on_signals
 
 
 def _die_with_launcher() -> None:
-    """Ask Linux to end this worker when its launcher dies, so no orphan trains on alone."""
+    """Ask Linux to signal this worker when its launcher dies, so no orphan trains on alone.
+
+    The signal is SIGTERM: the worker stops at the next step boundary, with a checkpoint.
+    """
     try:
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
@@ -54,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--allow-changes", action="store_true", help="see shoal train")
     args = parser.parse_args(argv)
     _die_with_launcher()
+    signer = Signer.from_env()
+    if signer is None:
+        parser.error(f"{SECRET_ENV} is not set: workers are started by `shoal train`")
 
     placement = Placement.from_env()
     rank, world_size = placement.rank, placement.world_size
@@ -63,42 +72,44 @@ def main(argv: list[str] | None = None) -> int:
     heartbeat: Heartbeat | None = None
     failed = False
     try:
-        config = load_config(Path(args.config) if args.config else paths.config)
-        faults = config.faults
-        heartbeat = Heartbeat(host, port, rank, faults.heartbeat_interval_s, faults.start_timeout_s)
-        # joining waits for the slowest worker to start; collectives then use faults.timeout_s
-        store = dist.TCPStore(
-            host,
-            port,
-            world_size,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=faults.start_timeout_s),
-            wait_for_workers=False,
-        )
-        device, backend = join_process_group(config, placement, store)
-        log.info("rank %d of %d joined (%s on %s)", rank, world_size, backend, device)
-        ctx = WorkerContext(
-            config=config,
-            paths=paths,
-            rank=rank,
-            world_size=world_size,
-            local_rank=placement.local_rank,
-            local_world_size=placement.local_world_size,
-            device=device,
-            backend=backend,
-            launch_mode="shoal",
-            log=log,
-            hosts=Hosts.single(world_size),
-            resume_from=args.resume,
-            allow_changes=args.allow_changes,
-            heartbeat=heartbeat,
-        )
-        run_job(ctx)
+        with stop_on_signals(log, level=logging.INFO):  # the launcher tells the terminal
+            config = load_config(Path(args.config) if args.config else paths.config)
+            faults = config.faults
+            heartbeat = Heartbeat(
+                host, port, rank, faults.heartbeat_interval_s, faults.start_timeout_s, signer
+            )
+            # joining waits for the slowest worker to start; collectives then use faults.timeout_s
+            store = dist.TCPStore(
+                host,
+                port,
+                world_size,
+                is_master=False,
+                timeout=datetime.timedelta(seconds=faults.start_timeout_s),
+                wait_for_workers=False,
+            )
+            device, backend = join_process_group(config, placement, store)
+            log.info("rank %d of %d joined (%s on %s)", rank, world_size, backend, device)
+            ctx = WorkerContext(
+                config=config,
+                paths=paths,
+                rank=rank,
+                world_size=world_size,
+                local_rank=placement.local_rank,
+                local_world_size=placement.local_world_size,
+                device=device,
+                backend=backend,
+                launch_mode="shoal",
+                log=log,
+                hosts=Hosts.single(world_size),
+                resume_from=args.resume,
+                allow_changes=args.allow_changes,
+                heartbeat=heartbeat,
+            )
+            run_job(ctx)
         return 0
-    except KeyboardInterrupt:
-        log.error("interrupted")
-        failed = True
-        return 130
+    except RunStopped as exc:  # a stop request, taken at a step boundary: not a failure
+        log.info("%s", exc)
+        return exc.exit_code
     except Exception as exc:
         failed = True
         step = heartbeat.step if heartbeat is not None else -1
@@ -106,7 +117,9 @@ def main(argv: list[str] | None = None) -> int:
             log.error("%s", exc)
         else:
             log.exception("rank %d failed", rank)
-        write_report(paths.error_file(rank), rank, step, exc)
+        report = write_report(paths.error_file(rank), rank, step, exc)
+        if heartbeat is not None:
+            heartbeat.report(report)
         return exc.exit_code if isinstance(exc, ShoalError) else EXIT_FAILURE
     finally:
         shutdown_process_group(graceful=not failed)

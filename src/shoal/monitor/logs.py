@@ -26,6 +26,19 @@ class _RankFilter(logging.Filter):
         return True
 
 
+class _LogFile(logging.FileHandler):
+    """A rank's log file; when it cannot be written (a full disk), says so once, in one line,
+    instead of a traceback per record on the terminal."""
+
+    _warned = False
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        if not self._warned:
+            self._warned = True
+            error = sys.exc_info()[1]
+            sys.stderr.write(f"shoal: warning: cannot write {self.baseFilename}: {error}\n")
+
+
 def worker_logger(rank: int, log_file: Path | None) -> logging.Logger:
     """The logger of this worker: everything to its log file, warnings also to stderr."""
     logger = logging.getLogger(f"shoal.rank{rank}")
@@ -36,7 +49,7 @@ def worker_logger(rank: int, log_file: Path | None) -> logging.Logger:
         handler.close()
     rank_filter = _RankFilter(rank)
     if log_file is not None:
-        file_handler = logging.FileHandler(log_file, encoding="utf-8")
+        file_handler = _LogFile(log_file, encoding="utf-8")
         file_handler.setFormatter(logging.Formatter(FORMAT))
         file_handler.addFilter(rank_filter)
         logger.addHandler(file_handler)

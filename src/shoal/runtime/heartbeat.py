@@ -1,28 +1,70 @@
 """A worker's heartbeat: liveness and progress, reported to the launcher's store.
 
-A background thread writes `<wall time> <step>` under `shoal/heartbeat/<rank>`
-every interval. The launcher reads them: a rank whose heartbeat stops is named
-as lost, and the steps tell which rank is behind when a collective times out.
+A background thread writes `<wall time> <step>` under `shoal/heartbeat/<rank>/<tag>`
+every interval, sealed with the job's secret (`runtime/auth.py`): anyone can
+connect to the store, so the launcher believes only values it can authenticate.
+The launcher reads them: a rank whose heartbeat stops is named as lost, and the
+steps tell which rank is behind when a collective times out. A worker that
+fails also leaves its one-line error report under `shoal/report/<rank>/<tag>`: the
+store needs no disk, so the report arrives even when the run's disk is full.
+
+The thread beats while the main thread computes, evaluates or writes a
+checkpoint (those release the GIL, or hold it for well under a second at a
+time), so the launcher can use a short timeout without false alarms.
 """
 
 from __future__ import annotations
 
 import datetime
+import json
+import math
 import threading
 import time
+from typing import Any
 
 import torch.distributed as dist
 
-KEY = "shoal/heartbeat/{rank}"
+from shoal.runtime.auth import BadValue, Signer
+
+
+def heartbeat_key(signer: Signer, rank: int) -> str:
+    """The store key of a rank's heartbeat (tagged with the job's secret)."""
+    return signer.key_name(f"shoal/heartbeat/{rank}")
+
+
+def report_key(signer: Signer, rank: int) -> str:
+    """The store key of a rank's error report (tagged with the job's secret)."""
+    return signer.key_name(f"shoal/report/{rank}")
+
+
+#: the fields of a report sent through the store, with their types
+REPORT_FIELDS: dict[str, type | tuple[type, ...]] = {
+    "rank": int,
+    "step": int,
+    "type": str,
+    "message": str,
+    "lines": list,
+    "user_error": bool,
+    "exit_code": int,
+    "communication_error": bool,
+}
+_MAX_TEXT = 2000
 
 
 class Heartbeat:
     def __init__(
-        self, host: str, port: int, rank: int, interval_s: float, timeout_s: float
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        interval_s: float,
+        timeout_s: float,
+        signer: Signer,
     ) -> None:
         self.rank = rank
         self.step = -1
         self._interval = interval_s
+        self._signer = signer
         self._store = dist.TCPStore(
             host,
             port,
@@ -30,6 +72,7 @@ class Heartbeat:
             timeout=datetime.timedelta(seconds=timeout_s),
             wait_for_workers=False,
         )
+        self._lock = threading.Lock()  # one store call at a time: the thread and report()
         self._stop = threading.Event()
         self._beat()
         self._thread = threading.Thread(
@@ -37,12 +80,21 @@ class Heartbeat:
         )
         self._thread.start()
 
-    def beat(self, step: int) -> None:
-        """Record progress; the thread reports it at its next tick."""
+    def beat(self, step: int, now: bool = False) -> None:
+        """Record progress; the thread reports it at its next tick (`now`: at once, e.g. the
+        step a run resumed at, so that no failure message names an older one)."""
         self.step = step
+        if now:
+            try:
+                self._beat()
+            except Exception:  # the launcher is gone; its death signal ends this process
+                return
 
     def _beat(self) -> None:
-        self._store.set(KEY.format(rank=self.rank), f"{time.time():.3f} {self.step}")
+        key = heartbeat_key(self._signer, self.rank)
+        value = self._signer.seal(key, f"{time.time():.3f} {self.step}".encode())
+        with self._lock:
+            self._store.set(key, value.decode())  # ASCII: the stub takes str
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -50,6 +102,19 @@ class Heartbeat:
                 self._beat()
             except Exception:  # the launcher is gone; its death signal ends this process
                 return
+
+    def report(self, report: dict[str, Any]) -> None:
+        """Leave this rank's error report (the fields of REPORT_FIELDS) in the store."""
+        fields = {name: report[name] for name in REPORT_FIELDS}
+        fields["lines"] = [str(line)[:_MAX_TEXT] for line in fields["lines"][:8]]
+        fields["message"] = str(fields["message"])[:_MAX_TEXT]
+        key = report_key(self._signer, self.rank)
+        value = self._signer.seal(key, json.dumps(fields).encode())
+        try:
+            with self._lock:
+                self._store.set(key, value.decode())  # ASCII: the stub takes str
+        except Exception:  # the launcher is gone: nobody is left to read it
+            return
 
     def stop(self) -> None:
         """Stop reporting (also how an injected 'hang' fault makes a worker look frozen)."""
@@ -67,10 +132,30 @@ class Heartbeat:
         self._store = None  # type: ignore[assignment]
 
 
-def read_heartbeat(store: dist.Store, rank: int) -> tuple[float, int] | None:
-    """(wall time, step) of a rank's last heartbeat, or None before its first."""
-    key = KEY.format(rank=rank)
-    if not store.check([key]):
-        return None
-    wall, step = store.get(key).decode().split()
-    return float(wall), int(step)
+def parse_beat(payload: bytes) -> tuple[float, int]:
+    """(wall time, step) of an authenticated heartbeat payload; BadValue if malformed."""
+    try:
+        wall_text, step_text = payload.decode("ascii").split()
+        wall, step = float(wall_text), int(step_text)
+    except (UnicodeDecodeError, ValueError):
+        raise BadValue("not '<wall time> <step>'") from None
+    if not math.isfinite(wall) or step < -1:
+        raise BadValue("a time or step out of range")
+    return wall, step
+
+
+def parse_report(payload: bytes) -> dict[str, Any]:
+    """An authenticated report payload, checked field by field; BadValue if malformed."""
+    try:
+        report = json.loads(payload.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise BadValue("not JSON") from None
+    if not isinstance(report, dict):
+        raise BadValue("not a JSON object")
+    for name, kind in REPORT_FIELDS.items():
+        value = report.get(name)
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            raise BadValue(f"field {name!r} missing or not {getattr(kind, '__name__', kind)}")
+    if not all(isinstance(line, str) for line in report["lines"]):
+        raise BadValue("field 'lines' holds a non-string")
+    return {name: report[name] for name in REPORT_FIELDS}

@@ -8,6 +8,10 @@ with one small all-reduce of a flag per rank, on whether anyone saw one. Then
 every rank takes the same decision (halt, or skip the step) and the message can
 name the ranks and parameters at fault: the names are gathered as UTF-8 bytes
 only on that rare path.
+
+The same all-reduce carries each rank's stop request (a SIGTERM or SIGINT it
+received, `runtime/stop.py`), so every rank learns of a stop at the same step
+without a collective of its own.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.runtime.collectives import gather_bytes
+from shoal.runtime.stop import STOP
 
 
 def is_finite(tensor: torch.Tensor) -> bool:
@@ -43,14 +48,20 @@ class _Peers:
 
 
 def agree_on_nonfinite(local: list[str], device: torch.device) -> dict[int, list[str]]:
-    """Collective: {rank: parameter names} of every rank whose local gradients were not finite."""
+    """Collective: {rank: parameter names} of every rank whose local gradients were not finite.
+
+    Also agrees on a stop request: the agreed signal is left in `STOP` for the loop."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        STOP.record_agreement([STOP.signum])
         return {0 if not dist.is_initialized() else dist.get_rank(): local} if local else {}
     rank, world_size = dist.get_rank(), dist.get_world_size()
     comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    flags = torch.zeros(world_size, dtype=torch.int32, device=comm_device)
-    flags[rank] = 1 if local else 0
-    dist.all_reduce(flags)
+    shared = torch.zeros(2, world_size, dtype=torch.int32, device=comm_device)
+    shared[0, rank] = 1 if local else 0  # row 0: non-finite gradients; row 1: stop signal
+    shared[1, rank] = STOP.signum
+    dist.all_reduce(shared)
+    STOP.record_agreement(shared[1].tolist())
+    flags = shared[0]
     if not bool(flags.any()):
         return {}
     peers = _Peers(rank, world_size, comm_device)

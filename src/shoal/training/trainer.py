@@ -14,6 +14,10 @@ atomically) and in memory, and `train.early_stopping_patience` evaluations
 without one end training. After training the best model is restored, evaluated
 on the task's test splits (into results.json) and handed to the task to save its
 artifacts.
+
+A stop request (SIGTERM, SIGINT; `runtime/stop.py`) ends the loop at a step
+boundary every rank agreed on: the trainer writes a checkpoint there, skips the
+remaining evaluation and testing, and reports `"status": "stopped"`.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import restore_rng, seed_everything, worker_seed
+from shoal.runtime.stop import STOP, stop_record
 from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan, steps_per_epoch
 from shoal.training.contracts import GradientSync, TrainingStrategy
@@ -58,6 +63,7 @@ class Trainer:
         self._evaluated_step = -1
         self._best_state: dict[str, torch.Tensor] | None = None
         self.best_checkpoint: Path | None = None
+        self.stopped: dict[str, Any] | None = None  # how a stop request ended the run
 
     # ---------------------------------------------------------------- setup
     def _build(self) -> None:
@@ -126,7 +132,8 @@ class Trainer:
         )
         try:
             self._loop()
-            self._test_and_save_artifacts()
+            if self.stopped is None:
+                self._test_and_save_artifacts()
         finally:
             self.reporter.close()
             self.metrics.close()
@@ -175,16 +182,48 @@ class Trainer:
                     self.reporter.update(p.global_step, p.epoch)
                 if every_steps and p.global_step % every_steps == 0:
                     self._save()
+                signum = self._stop_signal(log_every)
+                if signum:  # before the epoch's end: a resume then does what this run skips
+                    self._stop(signum, meter)
+                    return
             if p.step_in_epoch >= plan.num_steps:
                 p.epoch += 1
                 p.step_in_epoch = 0
                 self._end_of_epoch()
         if meter.steps:
             self._log_interval(meter)
+        signum = STOP.agree(self.ctx)  # a request that came after the last step's agreement
+        if signum:
+            self._stop(signum, IntervalMeter())
+            return
         if self._evaluated_step != p.global_step:
             self._evaluate()
         if self.ctx.config.checkpoint.at_end and self._saved_step != p.global_step:
             self._save()
+
+    def _stop_signal(self, every: int) -> int:
+        """After a step: the stop signal every rank agreed on (0: go on). The gradient sync's
+        per-step all-reduce carries the agreement; a sync without one (the parameter server's
+        workers train asynchronously) is asked every `every` steps, alike on every rank."""
+        agreed = STOP.take_agreed()
+        if agreed is not None:
+            return agreed
+        if not self.ctx.distributed or self.ctx.world_size == 1:
+            return STOP.signum
+        return STOP.agree(self.ctx) if self.progress.global_step % every == 0 else 0
+
+    def _stop(self, signum: int, meter: IntervalMeter) -> None:
+        """Every rank, at the same step: log what is pending, write a checkpoint, record it."""
+        p = self.progress
+        if meter.steps:
+            self._log_interval(meter)
+        if self._saved_step != p.global_step:
+            self._save()
+        checkpoint = str(self.last_checkpoint) if self._saved_step == p.global_step else None
+        self.stopped = stop_record(signum, p.global_step, checkpoint)
+        self.metrics.write({"event": "stopped", **self.stopped})
+        self.reporter.note(f"stopped by {self.stopped['signal']} at step {p.global_step}")
+        self.ctx.log.info("stopped by %s at step %d", self.stopped["signal"], p.global_step)
 
     def _end_of_epoch(self) -> None:
         epoch = self.progress.epoch
@@ -345,6 +384,8 @@ class Trainer:
         self.strategy.load_state_dict(state.get("strategy", {}))
         self._saved_step = self.progress.global_step
         self.last_checkpoint = path
+        if ctx.heartbeat is not None:  # failure messages name the resumed step, not -1
+            ctx.heartbeat.beat(self.progress.global_step, now=True)
         rng = state["rng"]
         if len(rng) == ctx.world_size:
             restore_rng(bytes(rng[ctx.rank].numpy().tobytes()))
@@ -371,7 +412,7 @@ class Trainer:
         self._sync_time()
         session_train_s = time.perf_counter() - self._session_start
         results: dict[str, Any] = {
-            "status": "completed",
+            "status": "stopped" if self.stopped else "completed",
             "run_dir": str(ctx.paths.root),
             "task": ctx.config.task.type,
             "strategy": ctx.config.strategy.type,
@@ -400,6 +441,8 @@ class Trainer:
                 "checkpoint": str(self.best_checkpoint) if self.best_checkpoint else None,
             }
         results["stopped_early"] = p.stopped_early
+        if self.stopped:
+            results["stop"] = self.stopped
         summary = self.task.summary()
         if summary:
             results["data"] = summary

@@ -38,6 +38,7 @@ from shoal.errors import JobFailed, ShoalError
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
 from shoal.runtime.rng import restore_rng, seed_everything
+from shoal.runtime.stop import STOP, stop_record
 from shoal.strategies.base import Strategy
 from shoal.strategies.federated import privacy, secure
 from shoal.strategies.federated.aggregation import AGGREGATIONS, FedAvg
@@ -122,6 +123,7 @@ class FederatedStrategy(Strategy):
         self.last_eval: dict[str, dict[str, float]] = {}
         self.last_train: dict[str, float] = {}
         self.last_checkpoint: Path | None = None
+        self.stopped: dict[str, Any] | None = None
         if ctx.resume_from:
             self._restore(Path(ctx.resume_from))
 
@@ -173,6 +175,11 @@ class FederatedStrategy(Strategy):
                 self.totals["train_time_s"] = time_base + time.perf_counter() - session_start
                 if ctx.heartbeat is not None:
                     ctx.heartbeat.beat(self.completed)
+                # at the round boundary, alike on every worker (counted and audited by the wire)
+                signum = STOP.agree(ctx, lambda t: self.wire.all_reduce_sum(t, "stop_request"))
+                if signum:
+                    self._stop(signum)
+                    break
                 last = self.completed == cfg.rounds
                 every_eval = cfg.eval_every_rounds
                 if (every_eval and self.completed % every_eval == 0) or last:
@@ -189,6 +196,13 @@ class FederatedStrategy(Strategy):
             if cfg.audit_wire:
                 self.wire.save(ctx.paths.logs / f"wire-rank-{ctx.rank}.pt")
         return self._finish(time.perf_counter() - started)
+
+    def _stop(self, signum: int) -> None:
+        """A stop request after round `self.completed`: checkpoint it and record the stop."""
+        self._save()
+        self.stopped = stop_record(signum, self.completed, str(self.last_checkpoint))
+        self.metrics.write({"event": "stopped", "round": self.completed, **self.stopped})
+        self.ctx.log.info("stopped by %s after round %d", self.stopped["signal"], self.completed)
 
     def _round(self, rnd: int) -> None:
         ctx, cfg = self.ctx, self.config
@@ -436,6 +450,8 @@ class FederatedStrategy(Strategy):
         self.completed = int(progress.pop("round"))
         self.totals.update(progress)
         self.last_checkpoint = path
+        if self.ctx.heartbeat is not None:  # failure messages name the resumed round
+            self.ctx.heartbeat.beat(self.completed, now=True)
         rng = state["rng"]
         if len(rng) == self.ctx.world_size:
             restore_rng(bytes(rng[self.ctx.rank].numpy().tobytes()))
@@ -445,7 +461,7 @@ class FederatedStrategy(Strategy):
     def _finish(self, wall_s: float) -> dict[str, Any]:
         ctx, cfg = self.ctx, self.config
         results: dict[str, Any] = {
-            "status": "completed",
+            "status": "stopped" if self.stopped else "completed",
             "run_dir": str(ctx.paths.root),
             "task": ctx.config.task.type,
             "strategy": ctx.config.strategy.type,
@@ -462,6 +478,8 @@ class FederatedStrategy(Strategy):
             **self.last_eval,
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
         }
+        if self.stopped:
+            results["stop"] = self.stopped
         if ctx.is_main:
             atomic_write_json(ctx.paths.results, results)
         return results

@@ -107,4 +107,6 @@ def restore(trainer: PopulationTrainer, path: Path) -> None:
         member.load_state_dict(state["members"][m])
         member.set_hyperparameters(trainer.hyper[m])
     trainer.last_checkpoint = path
+    if trainer.ctx.heartbeat is not None:  # failure messages name the resumed step, not -1
+        trainer.ctx.heartbeat.beat(trainer.history[-1].end if trainer.history else 0, now=True)
     trainer.ctx.log.info("resumed from %s at generation %d", path, trainer.next_generation)

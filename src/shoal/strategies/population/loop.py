@@ -37,6 +37,7 @@ from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
 from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.stop import STOP, stop_record
 from shoal.strategies.population.checkpoints import restore, save
 from shoal.strategies.population.config import PopulationStrategyConfig
 from shoal.strategies.population.lineage import Generation, MemberRecord
@@ -110,6 +111,7 @@ class PopulationTrainer:
         self.last_checkpoint: Path | None = None
         self.plot = PlotFollower(ctx.paths.root / PLOT_FILE, self.metric, self.space)
         self._fault_fired = False
+        self.stopped: dict[str, Any] | None = None  # how a stop request ended the run
 
     # ------------------------------------------------------------ setup
     def owner(self, member: int) -> int:
@@ -187,12 +189,29 @@ class PopulationTrainer:
             for g in range(self.next_generation, self.generations):
                 self._generation(g)
                 last = g + 1 == self.generations
-                if (every and (g + 1) % every == 0) or (last and ctx.config.checkpoint.at_end):
+                signum = STOP.agree(ctx)  # at the generation boundary, alike on every worker
+                if (
+                    signum
+                    or (every and (g + 1) % every == 0)
+                    or (last and ctx.config.checkpoint.at_end)
+                ):
                     save(self)
+                if signum:
+                    self._stop(signum)
+                    break
         finally:
             self.reporter.close()
             self.metrics.close()
         return population_results(self, time.perf_counter() - started)
+
+    def _stop(self, signum: int) -> None:
+        step = self.history[-1].end
+        checkpoint = str(self.last_checkpoint) if self.last_checkpoint else None
+        self.stopped = stop_record(signum, step, checkpoint)
+        self.metrics.write({"event": "stopped", "generation": self.next_generation, **self.stopped})
+        self.ctx.log.info(
+            "stopped by %s after generation %d", self.stopped["signal"], self.next_generation
+        )
 
     def _generation(self, g: int) -> None:
         start = g * self.config.ready_interval

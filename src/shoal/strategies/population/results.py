@@ -24,7 +24,7 @@ def population_results(trainer: PopulationTrainer, wall_s: float) -> dict[str, A
     checkpoint = str(trainer.last_checkpoint) if trainer.last_checkpoint else None
     samples = trainer.samples
     results: dict[str, Any] = {
-        "status": "completed",
+        "status": "stopped" if trainer.stopped else "completed",
         "run_dir": str(ctx.paths.root),
         "task": ctx.config.task.type,
         "strategy": ctx.config.strategy.type,
@@ -64,6 +64,8 @@ def population_results(trainer: PopulationTrainer, wall_s: float) -> dict[str, A
         "checkpoint": checkpoint,
         "plot": str(trainer.plot.path),
     }
+    if trainer.stopped:
+        results["stop"] = trainer.stopped
     if ctx.is_main:
         trainer.plot.write(history)
         atomic_write_json(ctx.paths.results, _finite(results))

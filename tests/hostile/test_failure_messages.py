@@ -1,0 +1,99 @@
+"""Failure messages name the rank, the newest step and the cause, and only files that exist
+(issue 18, items 8 and 11): a full disk, a rank lost right after a resume, a worker that
+never started."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import data_parallel, run_shoal
+from tests.hostile.jobs import (
+    finish,
+    no_worker_left,
+    start,
+    wait_for,
+    workers_of,
+    write_job,
+)
+
+
+@pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 1 MiB tmpfs: a disk that a checkpoint fills (root only)."""
+    mount = tmp_path / "disk"
+    mount.mkdir()
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    done = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mount)], capture_output=True
+    )
+    if done.returncode != 0:
+        pytest.skip(f"cannot mount a tmpfs here: {done.stderr.decode().strip()}")
+    try:
+        yield mount
+    finally:
+        subprocess.run(["umount", "-l", str(mount)], check=True)
+
+
+def test_a_full_disk_is_named_with_rank_and_step(tmp_path: Path, small_disk: Path) -> None:
+    """The checkpoint at step 5 (2 MiB) does not fit: neither does the error report file. The
+    report reaches the launcher through the store, which needs no disk."""
+    write_job(
+        tmp_path,
+        task={"model": {"hidden": [512, 512]}},
+        strategy=data_parallel(2),
+        checkpoint={"every_steps": 5},
+        run={"dir": str(small_disk)},
+        faults={"heartbeat_timeout_s": 30},
+    )
+    done = run_shoal("train", "job.toml", cwd=tmp_path, timeout=120)
+    assert done.returncode == 1, done.stderr
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("rank 0 failed at step 5: "), last
+    assert f"(the disk holding {small_disk}/job/logs is full: " in last
+    assert last.endswith(f"(log: {small_disk}/job/logs/rank-0.log)")
+    assert not (small_disk / "job" / "logs" / "rank-0.error.json").exists()
+    assert "Traceback" not in done.stderr
+
+
+def test_a_rank_lost_right_after_a_resume_is_named_at_the_resumed_step(tmp_path: Path) -> None:
+    write_job(
+        tmp_path,
+        strategy=data_parallel(2),
+        train={"epochs": 400},
+        checkpoint={"every_steps": 5},
+        faults={"inject": {"rank": 1, "step": 12, "kind": "raise"}},
+        monitor={"progress": "off"},
+    )
+    run_dir = tmp_path / "runs" / "job"
+    first = run_shoal("train", "job.toml", cwd=tmp_path, timeout=120)
+    assert first.returncode == 1 and "rank 1 failed at step 12" in first.stderr
+    launcher = start("train", "--resume", str(run_dir), cwd=tmp_path)
+    rank1 = workers_of(launcher, 2)[1]
+    log = run_dir / "logs" / "rank-1.log"
+    wait_for(lambda: "resumed from" in log.read_text(), 60, "rank 1 to resume")
+    os.kill(rank1, signal.SIGKILL)
+    code, _, err = finish(launcher, timeout=60)
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]
+    found = re.match(r"rank 1 was killed by SIGKILL \(last reported step (\d+)\)", last)
+    assert found and int(found.group(1)) >= 10, last
+    no_worker_left(run_dir)
+
+
+def test_a_worker_that_never_started_is_named_without_a_missing_log(tmp_path: Path) -> None:
+    write_job(tmp_path, strategy=data_parallel(2), faults={"start_timeout_s": 0.2})
+    done = run_shoal("train", "job.toml", cwd=tmp_path, timeout=60)
+    assert done.returncode == 1
+    (line,) = done.stderr.strip().splitlines()
+    assert "did not start within 0.2 s (faults.start_timeout_s)" in line
+    seen = re.search(r"; see (\S+)$", line)
+    assert seen is None or Path(seen.group(1)).is_file(), line
+    assert seen is not None or line.endswith("; it has written no log yet"), line
