@@ -73,7 +73,7 @@ def ps_job(by_host: bool, args: argparse.Namespace) -> dict[str, Any]:
             "colocate_by_host": by_host,
             "mode": "async",
             "optimizer": {"kind": "lazy_adam", "lr": 3e-3},
-            "barrier_timeout_s": 600.0,
+            "barrier_timeout_s": 300.0,
         },
         "train": {
             "max_steps": args.steps,
