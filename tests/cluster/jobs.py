@@ -42,6 +42,8 @@ class ClusterRun:
     cluster: Cluster
     run_dir: Path
     folder: Path
+    #: torchrun: the rendezvous port on the first host (torchrun's store, MASTER_PORT)
+    port: int = 0
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     outputs: list[Path] = field(default_factory=list)
     codes: list[int] = field(default_factory=list)
@@ -107,7 +109,7 @@ def start_torchrun(
     hosts = hosts or cluster.hosts
     job, run_dir = write_job(config, folder, name)
     port = cluster.free_port(hosts[0])
-    run = ClusterRun(cluster, run_dir, folder)
+    run = ClusterRun(cluster, run_dir, folder, port=port)
     for host in hosts:
         cmd = [
             TORCHRUN, "--nnodes", str(len(hosts)), "--nproc-per-node", str(nproc_per_node),

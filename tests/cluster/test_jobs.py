@@ -68,7 +68,7 @@ def test_torchrun_two_hosts_hierarchical_equals_one_process(
     results = run.check()
     assert results["world_size"] == 4 and results["steps"] == one_process["steps"]
     log = run.log(3)
-    assert "(torchrun, gloo on cpu)" in log
+    assert f"(torchrun, gloo on cpu; store {cluster.hosts[0].name}:" in log
     assert f"gloo listens on {cluster.hosts[1].address} on eth0 (the route to MASTER_ADDR" in log
     _check_hosts(log, cluster)
     _same_parameters(one_process, results, atol=1e-5)
@@ -84,7 +84,7 @@ def test_slurm_step_two_hosts_without_torchrun(
     results = run.check()
     assert results["world_size"] == 4
     log = run.log(2)
-    assert "(slurm, gloo on cpu)" in log
+    assert f"(slurm, gloo on cpu; store {cluster.hosts[0].name}:24242)" in log
     assert f"gloo listens on {cluster.hosts[1].address} on eth0 (run.bind = eth0)" in log
     _check_hosts(log, cluster)
     _same_parameters(one_process, results, atol=1e-5)

@@ -78,6 +78,13 @@ class RunConfig(ConfigModel):
         "run.bind=...). Default: the address this host uses to reach MASTER_ADDR (127.0.0.1 "
         "on one host). shoal's own launcher always stays on 127.0.0.1.",
     )
+    secret_file: str | None = Field(
+        None,
+        description="Multi-host jobs (torchrun, Slurm): a file holding the job's secret (16 "
+        "bytes or more, e.g. 64 hex digits), the same on every host; only processes that know "
+        "it may join, and heartbeats are sealed with it. SHOAL_JOB_SECRET in the environment "
+        "takes precedence. The secret itself never goes into the config or the run directory.",
+    )
 
     @field_validator("bind")
     @classmethod

@@ -29,6 +29,9 @@ class ExternalLaunch:
     master_port: int
     #: Slurm: rank 0 hosts the store itself (torchrun's agents host it under torchrun)
     hosts_store: bool = False
+    #: which start of the job this is (torchrun's restart count, Slurm's step): the keys
+    #: of joining (launch/admission.py) are kept apart per attempt in a store that outlives one
+    attempt: str = "0"
 
 
 def external_launch(env: Mapping[str, str] | None = None) -> ExternalLaunch | None:
@@ -40,11 +43,19 @@ def external_launch(env: Mapping[str, str] | None = None) -> ExternalLaunch | No
             port = int(env["MASTER_PORT"])
         except ValueError:
             raise ShoalError(f"MASTER_PORT={env['MASTER_PORT']!r}: not a port number") from None
-        return ExternalLaunch("torchrun", Placement.from_env(env), env["MASTER_ADDR"], port)
+        attempt = f"torchrun-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        return ExternalLaunch(
+            "torchrun", Placement.from_env(env), env["MASTER_ADDR"], port, attempt=attempt
+        )
     step = SlurmStep.from_env(env)
     if step is None:
         return None
     placement = Placement(step.rank, step.world_size, step.local_rank, step.local_world_size)
     return ExternalLaunch(
-        "slurm", placement, step.master_addr, step.master_port, hosts_store=step.rank == 0
+        "slurm",
+        placement,
+        step.master_addr,
+        step.master_port,
+        hosts_store=step.rank == 0,
+        attempt=f"slurm-{env.get('SLURM_STEP_ID', '0')}",
     )

@@ -28,16 +28,19 @@ import torch.distributed as dist
 
 from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.config import ShoalConfig, dump_config
-from shoal.errors import RunStopped, ShoalError
+from shoal.errors import JobFailed, RunStopped, ShoalError
+from shoal.launch.admission import Claim, job_signer, join
 from shoal.launch.environment import ExternalLaunch
+from shoal.launch.hostwatch import HostWatch, StoreAddress, end_process
 from shoal.launch.job import run_job
 from shoal.launch.network import resolve_bind, use_for_gloo
 from shoal.launch.plan import JobPlan
 from shoal.launch.process_group import join_process_group, shutdown_process_group
-from shoal.launch.reports import write_report
+from shoal.launch.reports import is_communication_error, write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths, create_run_dir
 from shoal.run.lock import RunLock
+from shoal.runtime.auth import Signer, new_secret
 from shoal.runtime.collectives import barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
@@ -54,14 +57,12 @@ class _Peers:
     distributed: bool = True
 
 
-def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store | None:
-    """The store of a Slurm step (rank 0 hosts it; the others connect); None under torchrun.
+def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
+    """The job's store: torchrun's (every rank connects), or a Slurm step's (rank 0 hosts it).
 
-    Rank 0 listens on the address MASTER_ADDR resolves to, which must be one of
-    its own: never on every interface of the machine.
+    Rank 0 of a Slurm step listens on the address MASTER_ADDR resolves to, which
+    must be one of its own: never on every interface of the machine.
     """
-    if launch.launcher != "slurm":
-        return None
     timeout = datetime.timedelta(seconds=config.faults.start_timeout_s)
     host, port = launch.master_addr, launch.master_port
     if not launch.hosts_store:
@@ -94,13 +95,23 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
     config = plan.config
     binding = resolve_bind(config.run.bind, launch.master_addr)
     use_for_gloo(binding)
+    signer = job_signer(config.run)
     store = job_store(launch, config)
-    device, backend = join_process_group(config, placement, store)
+    where = f"{launch.master_addr}:{launch.master_port}"
+    me = Claim(rank, socket.gethostname(), binding.address)
+    admission, doors = join(
+        store, f"shoal/join/{launch.attempt}", signer, me, world_size,
+        config.faults.start_timeout_s, where,
+    )  # fmt: skip
+    group_store = dist.PrefixStore(admission.prefix, store)
+    device, backend = join_process_group(config, placement, group_store)
     failed = False
     held = ExitStack()
+    watch: HostWatch | None = None
     try:
         peers = _Peers(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
         hosts = Hosts.gather(peers, binding.address)
+        beats = admission.derived_signer("heartbeats") or _drawn_signer(peers)
         claim: dict[str, str] = {}
         if rank == 0:
             try:
@@ -117,12 +128,13 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         barrier(peers)
         log = worker_logger(rank, paths.log_file(rank))
         log.info(
-            "rank %d of %d joined (%s, %s on %s); gloo listens on %s; hosts: %s",
+            "rank %d of %d joined (%s, %s on %s; store %s); gloo listens on %s; hosts: %s",
             rank,
             world_size,
             launch.launcher,
             backend,
             device,
+            where,
             binding.describe(),
             hosts.describe(),
         )
@@ -134,6 +146,14 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
                 world_size,
                 world_size,
             )
+        if doors is not None:
+            for line in doors.refusals:
+                log.warning("%s", line)
+            doors.log = log
+        watch = HostWatch(
+            StoreAddress(launch.master_addr, launch.master_port), rank, hosts, config.faults,
+            beats, log, on_lost=lambda message: end_process(log, message), doors=doors,
+        )  # fmt: skip
         ctx = WorkerContext(
             config=config,
             paths=paths,
@@ -148,6 +168,7 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             hosts=hosts,
             resume_from=plan.resume_from,
             allow_changes=plan.allow_changes,
+            heartbeat=watch.heartbeat,
         )
         try:
             with stop_on_signals(log):
@@ -157,16 +178,28 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             raise
         except Exception as exc:
             failed = True
+            if is_communication_error(exc):  # a peer is gone: the watch may name its host
+                lost = watch.explain(within_s=config.faults.heartbeat_timeout_s + 2.0)
+                if lost is not None:  # (the watch is ending this process already)
+                    raise JobFailed(lost) from exc
             log.exception("rank %d failed", rank)
             write_report(paths.error_file(rank), rank, -1, exc)
             raise
         finally:
+            watch.finish(ok=not failed)
             close_logger(log)
         return results
     finally:
         shutdown_process_group(graceful=not failed)
         held.close()
         del store
+
+
+def _drawn_signer(peers: _Peers) -> Signer:
+    """A job without a secret: rank 0 draws one for the heartbeats and sends it over the
+    process group (whose members were all admitted), never through the store."""
+    drawn = broadcast_bytes(peers, new_secret().encode() if peers.rank == 0 else None)
+    return Signer(drawn)
 
 
 def _claim_run(plan: JobPlan, held: ExitStack) -> Path:
