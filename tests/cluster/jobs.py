@@ -42,7 +42,7 @@ class ClusterRun:
     cluster: Cluster
     run_dir: Path
     folder: Path
-    #: torchrun: the rendezvous port on the first host (torchrun's store, MASTER_PORT)
+    #: torchrun: the rendezvous port on the first host (its workers' MASTER_PORT is another)
     port: int = 0
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     outputs: list[Path] = field(default_factory=list)
