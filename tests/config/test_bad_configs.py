@@ -242,6 +242,20 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
         "mixed_precision, on_nonfinite, optimizer, seed, shuffle, warmup_steps",
     ),
+    (
+        "bind to every interface",
+        GOOD + '\n[run]\nbind = "0.0.0.0"\n',
+        [],
+        "bad.toml:9: run.bind: '0.0.0.0': peers cannot connect to it; give the address (or "
+        "interface) of the network the hosts share, e.g. '10.0.0.5' or 'eth0'",
+    ),
+    (
+        "bind neither address nor interface",
+        GOOD,
+        ["--set", "run.bind=10.0.0.300"],
+        "--set: run.bind: '10.0.0.300' is neither an IP address, a network such as '10.0.0.0/24', "
+        "nor an interface name such as 'eth0'",
+    ),
 ]
 
 

@@ -1,11 +1,14 @@
 """`parameter_server`: the roles of the ranks, and how each runs.
 
 Placement `dedicated`: ranks 0..W-1 are workers, ranks W..W+S-1 servers.
-Placement `colocated`: every rank is a worker, and worker s < S also runs
-server s on a thread of its own. Two process groups are made collectively by
-every rank at the start: one for the servers' point-to-point traffic (its own,
-so row messages never interleave with collectives) and one of the workers,
-on which the trainer's collectives (metrics, evaluation, checkpoints) run.
+Placement `colocated`: every rank is a worker, and S of them also run a server
+on a thread of their own: dealt over the hosts in turn (`server_ranks`), so
+that on 2 hosts x 2 ranks servers 0 and 1 run on ranks 0 and 2, one per host.
+
+Two process groups are made collectively by every rank at the start: one for
+the servers' point-to-point traffic (its own, so row messages never interleave
+with collectives) and one of the workers, on which the trainer's collectives
+(metrics, evaluation, checkpoints) run.
 
 Relations are served like entities rather than replicated and all-reduced: an
 all-reduce would make every worker wait for every other each step, which is
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import threading
 from pathlib import Path
 from typing import Any, ClassVar
@@ -28,6 +32,7 @@ from torch import nn
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError, ShoalError
 from shoal.runtime.collectives import all_reduce_sum
+from shoal.runtime.hosts import Hosts
 from shoal.runtime.rng import seed_everything
 from shoal.strategies.base import Strategy
 from shoal.strategies.parameter_server.client import RowClient
@@ -98,15 +103,12 @@ class ParameterServerStrategy(Strategy):
 
     # ------------------------------------------------------------ roles
     def _server_rank(self, server: int) -> int:
-        config = self.config
-        return config.num_workers + server if config.placement == "dedicated" else server
+        return server_ranks(self.config, self.ctx.hosts)[server]
 
     def _my_server(self) -> int | None:
         """The server this rank runs (None: none)."""
-        config, rank = self.config, self.ctx.rank
-        if config.placement == "dedicated":
-            return rank - config.num_workers if rank >= config.num_workers else None
-        return rank if rank < config.num_servers else None
+        ranks = server_ranks(self.config, self.ctx.hosts)
+        return ranks.index(self.ctx.rank) if self.ctx.rank in ranks else None
 
     def run(self, task: Task) -> dict[str, Any]:
         if not isinstance(task, KGETask):
@@ -192,7 +194,9 @@ class ParameterServerStrategy(Strategy):
             shard.resume_at(
                 load_shards(Path(ctx.resume_from), server, config.num_servers, tables, ctx.log)
             )
-        ctx.log.info("%s", describe_server(shard, config, self._server_rank(server)))
+        rank = self._server_rank(server)
+        host = ctx.hosts.label(ctx.hosts.host_of[rank])
+        ctx.log.info("%s; host %s", describe_server(shard, config, rank), host)
         last = [-1]
 
         def tick(s: ShardServer) -> None:
@@ -317,6 +321,23 @@ class ParameterServerStrategy(Strategy):
             f"parameter_server x{c.num_workers} workers, {c.num_servers} servers "
             f"({c.placement}, {c.sharding.kind} sharding, {c.mode}{bound}, {c.optimizer.kind})"
         )
+
+
+def server_ranks(config: ParameterServerStrategyConfig, hosts: Hosts) -> list[int]:
+    """The rank that runs each server.
+
+    dedicated: ranks W..W+S-1. colocated by host: the first rank of every host in
+    host order, then the second rank of every host, ... (on one host: ranks
+    0..S-1), so the tables and the pulls they serve are spread over the machines.
+    """
+    count = config.num_servers
+    if config.placement == "dedicated":
+        return list(range(config.num_workers, config.num_workers + count))
+    if not config.colocate_by_host:
+        return list(range(count))
+    groups = [[r for r in ranks if r < config.num_workers] for ranks in hosts.groups]
+    dealt = [r for tier in itertools.zip_longest(*groups) for r in tier if r is not None]
+    return dealt[:count]
 
 
 def _widths(task: KGETask) -> tuple[int, int]:
