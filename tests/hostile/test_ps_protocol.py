@@ -14,7 +14,6 @@ import logging
 from pathlib import Path
 from typing import Any
 
-import pytest
 import torch
 import torch.distributed as dist
 

@@ -72,7 +72,6 @@ from shoal.strategies.parameter_server.wire import (
     unpack_payload,
 )
 
-
 # A header receive's deadline: none in practice (see the module docstring).
 _UNTIL_HEARD = datetime.timedelta(days=365)
 
