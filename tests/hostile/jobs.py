@@ -1,7 +1,7 @@
 """Helpers of the hostile tests: run `shoal train` in the background and reach into it.
 
 A job is started as a user starts it (`python -m shoal train job.toml`); the test
-then finds its worker processes (children of the launcher, or of torchrun), reads
+then finds its worker processes (descendants of the launcher, or children of torchrun), reads
 their environment as any process of the same user can, and signals, stops or
 lies to them. Every helper waits with a timeout and says what it waited for.
 """
@@ -107,6 +107,13 @@ def children(pid: int) -> list[int]:
         return []
 
 
+def descendants(pid: int) -> list[int]:
+    """Children, grandchildren...: a worker forked by the launcher's forkserver is its
+    grandchild (shoal/launch/start.py)."""
+    found = children(pid)
+    return found + [p for child in found for p in descendants(child)]
+
+
 def environ(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -122,7 +129,7 @@ def workers_of(parent: subprocess.Popen[str], count: int, timeout: float = 60) -
     def ranked() -> list[int] | None:
         if parent.poll() is not None:
             raise AssertionError(f"the job ended early: {parent.communicate()}")
-        pids = {int(environ(p).get("RANK", -1)): p for p in children(parent.pid)}
+        pids = {int(environ(p).get("RANK", -1)): p for p in descendants(parent.pid)}
         pids.pop(-1, None)
         return [pids[r] for r in range(count)] if len(pids) == count else None
 

@@ -3,8 +3,8 @@
 A small torchrun for one machine. The launcher hosts the job's TCP store on a
 socket it binds to 127.0.0.1 with a port the OS picks, draws the job's secret
 (given to the workers in their environment, never through the store), starts
-each worker as `python -m shoal.launch.worker` with torchrun's environment
-variables in a session of its own, and then watches: a worker that exits
+each worker (`shoal.launch.worker`, forked from a warm server: launch/start.py)
+with torchrun's environment variables in a session of its own, and then watches: a worker that exits
 non-zero, whose heartbeat stops, or whose process is stopped (state T) ends the
 job within seconds, with a message naming the rank, its newest step and its
 error, and the other workers are killed. Nothing waits forever.
@@ -44,6 +44,7 @@ from shoal.errors import (
 )
 from shoal.launch.process_group import LAUNCHER_ENV, loopback_interface
 from shoal.launch.reports import read_report
+from shoal.launch.start import WorkerProcess, start_worker
 from shoal.launch.watch import STOPPED_STATES, StoreReader, existing, process_state
 from shoal.run import RunPaths
 from shoal.runtime.auth import SECRET_ENV, Signer, new_secret
@@ -62,7 +63,7 @@ STOP_CODES = {128 + s for s in STOP_SIGNALS} | {-s for s in STOP_SIGNALS}
 @dataclass
 class _Worker:
     rank: int
-    process: subprocess.Popen[bytes]
+    process: WorkerProcess
     output: IO[bytes] | None
     exited_at: float | None = None
 
@@ -140,7 +141,7 @@ class LocalLauncher:
         return env
 
     def _spawn(self, rank: int, port: int) -> _Worker:
-        cmd = [sys.executable, "-m", "shoal.launch.worker", "--run-dir", str(self.paths.root)]
+        cmd = ["--run-dir", str(self.paths.root)]
         if self.resume_from:
             cmd += ["--resume", self.resume_from]
         if self.config_file is not None:
@@ -150,17 +151,10 @@ class LocalLauncher:
         output = None
         if rank != 0:  # rank 0 shows progress on this terminal; the others write to files
             output = open(self.paths.output_file(rank), "ab")  # noqa: SIM115
-        process = subprocess.Popen(
-            cmd,
-            env=self._environment(rank, port),
-            stdin=subprocess.DEVNULL,
-            stdout=output,
-            stderr=subprocess.STDOUT if output else None,
-            # a session of its own: a terminal's Ctrl-C reaches the launcher alone, which
-            # forwards it once (as torchrun does)
-            start_new_session=True,
-            pass_fds=(self.lock_fd,) if self.lock_fd is not None else (),
-        )
+        # in a session of its own: a terminal's Ctrl-C reaches the launcher alone, which
+        # forwards it once (as torchrun does)
+        keep = (self.lock_fd,) if self.lock_fd is not None else ()
+        process = start_worker(cmd, self._environment(rank, port), output, keep)
         return _Worker(rank, process, output)
 
     # ------------------------------------------------------------ signals

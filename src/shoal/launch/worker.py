@@ -48,8 +48,26 @@ def _die_with_launcher() -> None:
         libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
     except OSError:
         return  # not Linux: the heartbeat store going away ends the job instead
-    if str(os.getppid()) != os.environ.get(LAUNCHER_ENV):
+    if not _launcher_alive():
         os._exit(EXIT_FAILURE)  # the launcher died before we could ask
+
+
+def _launcher_alive() -> bool:
+    """Whether the launcher is still there: this process's parent, or (a worker forked by
+    the launcher's forkserver, launch/start.py) alive, with our parent not yet gone."""
+    launcher = os.environ.get(LAUNCHER_ENV, "")
+    parent = os.getppid()
+    if str(parent) == launcher:
+        return True
+    if parent == 1 or not launcher.isdigit():
+        return False
+    try:
+        os.kill(int(launcher), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def main(argv: list[str] | None = None) -> int:
