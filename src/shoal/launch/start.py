@@ -131,9 +131,8 @@ def _main_module_hidden() -> Iterator[None]:
     would still be imported for nothing. The worker's code lives in shoal, so the script
     is hidden from the child's preparation while it is started."""
     main = sys.modules["__main__"]
-    saved = {
-        name: main.__dict__[name] for name in ("__file__", "__spec__") if name in main.__dict__
-    }
+    names = ("__file__", "__spec__")
+    saved: dict[str, Any] = {name: main.__dict__[name] for name in names if name in main.__dict__}
     main.__dict__.pop("__file__", None)
     main.__dict__["__spec__"] = None
     try:
