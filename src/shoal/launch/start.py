@@ -18,9 +18,10 @@ command line as `ps` shows it (setproctitle), and its CPU threads
 (OMP_NUM_THREADS was read when the server imported torch, so it is applied
 explicitly).
 
-The forkserver's parent is the launcher, and it exits when the launcher does, so
-a worker's "die with the launcher" signal (worker.py) still fires when the
-launcher is killed.
+The forkserver's parent is the launcher, and it exits when the launcher does
+(once each worker closed its end of the server's "alive" pipe, which
+multiprocessing hands to every process it forks), so a worker's "die with the
+launcher" signal (worker.py) still fires when the launcher is killed.
 
 A worker is exec'd instead when a fork could not give the same process:
 `SHOAL_WORKER_START=exec` in the launcher's environment, a platform without
@@ -37,7 +38,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator, Mapping
-from multiprocessing import reduction
+from multiprocessing import forkserver, reduction
 from multiprocessing.process import BaseProcess
 from typing import IO, Any, Protocol
 
@@ -142,6 +143,25 @@ def _main_module_hidden() -> Iterator[None]:
         main.__dict__.update(saved)
 
 
+def _leave_the_forkserver() -> None:
+    """Close this process's end of the forkserver's "alive" pipe.
+
+    multiprocessing gives every process the forkserver starts that pipe's write end (so
+    it may ask the same server for children of its own), and the server exits only when
+    every holder has closed it. A worker holding it would keep the server alive after
+    the launcher died, and with it the worker: its "die with the launcher" signal is
+    sent when its parent, the server, exits. A worker that starts processes of its own
+    by forkserver gets a server of its own.
+    """
+    server: Any = forkserver._forkserver
+    alive = getattr(server, "_forkserver_alive_fd", None)
+    if alive is not None:
+        with contextlib.suppress(OSError):
+            os.close(alive)
+        server._forkserver_alive_fd = None
+        server._forkserver_address = None
+
+
 class ForkedWorker:
     """A forked worker behind the `subprocess.Popen` methods the launcher uses."""
 
@@ -191,6 +211,7 @@ def _detach(duplicate: Any) -> int:
 
 def _forked_main(argv: list[str], env: dict[str, str], out: int, err: int, *keep: int) -> None:
     """A forked worker's first steps: become what an exec'd one is, then run it."""
+    _leave_the_forkserver()
     os.setsid()
     # ps and pgrep -f see the command an exec'd worker runs, not the forkserver's
     setproctitle.setproctitle(" ".join([sys.executable, "-m", "shoal.launch.worker", *argv]))
