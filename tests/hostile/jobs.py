@@ -12,6 +12,7 @@ import contextlib
 import datetime
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -23,6 +24,7 @@ from typing import Any, TypeVar
 import tomli_w
 import torch.distributed as dist
 
+from shoal.launch.start import START_ENV
 from shoal.runtime.auth import SECRET_ENV, Signer
 from tests.conftest import small_job
 
@@ -58,9 +60,15 @@ def slow_data_parallel(
     }
 
 
-def start(*args: str, cwd: Path, program: list[str] | None = None) -> subprocess.Popen[str]:
-    """`python -m shoal ARGS` (or `program ARGS`) in the background, output captured."""
+def start(
+    *args: str, cwd: Path, program: list[str] | None = None, exec_workers: bool = False
+) -> subprocess.Popen[str]:
+    """`python -m shoal ARGS` (or `program ARGS`) in the background, output captured.
+    `exec_workers`: workers are fresh interpreters, not forked (launch/start.py), so that
+    their environment can be read through /proc (a forked one shows its server's)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+    if exec_workers:
+        env[START_ENV] = "exec"
     command = program or [sys.executable, "-m", "shoal"]
     return subprocess.Popen(
         [*command, *args],
@@ -114,6 +122,17 @@ def descendants(pid: int) -> list[int]:
     return found + [p for child in found for p in descendants(child)]
 
 
+def rank_of(pid: int) -> int:
+    """A worker's rank: from its environment (exec'd) or its command line (forked, whose
+    title ends with `[rank N]`); -1 for another process."""
+    rank = environ(pid).get("RANK")
+    if rank is None:
+        with contextlib.suppress(OSError):
+            found = re.search(rb"\[rank (\d+)\]", Path(f"/proc/{pid}/cmdline").read_bytes())
+            rank = found.group(1).decode() if found else None
+    return int(rank) if rank is not None and rank.isdigit() else -1
+
+
 def environ(pid: int) -> dict[str, str]:
     try:
         raw = Path(f"/proc/{pid}/environ").read_bytes()
@@ -129,7 +148,7 @@ def workers_of(parent: subprocess.Popen[str], count: int, timeout: float = 60) -
     def ranked() -> list[int] | None:
         if parent.poll() is not None:
             raise AssertionError(f"the job ended early: {parent.communicate()}")
-        pids = {int(environ(p).get("RANK", -1)): p for p in descendants(parent.pid)}
+        pids = {rank_of(p): p for p in descendants(parent.pid)}
         pids.pop(-1, None)
         return [pids[r] for r in range(count)] if len(pids) == count else None
 

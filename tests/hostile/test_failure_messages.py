@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from shoal.launch.start import START_ENV
 from tests.conftest import data_parallel, run_shoal
 from tests.hostile.jobs import (
     finish,
@@ -88,7 +89,11 @@ def test_a_rank_lost_right_after_a_resume_is_named_at_the_resumed_step(tmp_path:
     no_worker_left(run_dir)
 
 
-def test_a_worker_that_never_started_is_named_without_a_missing_log(tmp_path: Path) -> None:
+def test_a_worker_that_never_started_is_named_without_a_missing_log(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # exec'd workers take longer than 0.2 s to start; a forked one may not (launch/start.py)
+    monkeypatch.setenv(START_ENV, "exec")
     write_job(tmp_path, strategy=data_parallel(2), faults={"start_timeout_s": 0.2})
     done = run_shoal("train", "job.toml", cwd=tmp_path, timeout=60)
     assert done.returncode == 1

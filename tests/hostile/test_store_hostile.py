@@ -122,7 +122,7 @@ def test_a_report_payload_is_validated_field_by_field() -> None:
 def test_garbage_in_the_store_is_reported_once_and_ignored(tmp_path: Path) -> None:
     job = write_job(tmp_path, **slow_data_parallel(workers=2, delay_s=0.05, epochs=8))
     run_dir = tmp_path / "runs" / "job"
-    launcher = start("train", str(job), cwd=tmp_path)
+    launcher = start("train", str(job), cwd=tmp_path, exec_workers=True)
     workers = workers_of(launcher, 2)
     wait_for_step(run_dir, 2)
     store, keys = store_of(workers[0]), job_signer(workers[0])
@@ -152,7 +152,7 @@ def test_forged_heartbeats_do_not_hide_a_hung_worker(tmp_path: Path) -> None:
     sections["faults"]["inject"] = {"rank": 1, "step": 5, "kind": "hang"}
     job = write_job(tmp_path, **sections)
     run_dir = tmp_path / "runs" / "job"
-    launcher = start("train", str(job), cwd=tmp_path)
+    launcher = start("train", str(job), cwd=tmp_path, exec_workers=True)
     workers = workers_of(launcher, 2)
     store, key = store_of(workers[0]), heartbeat_key(job_signer(workers[0]), 1)
     wait_for_step(run_dir, 2)  # the launcher has seen rank 1's genuine heartbeats
@@ -190,7 +190,7 @@ def test_a_forged_report_does_not_speak_for_a_worker(tmp_path: Path) -> None:
     sections["faults"]["inject"] = {"rank": 1, "step": 8, "kind": "exit"}
     job = write_job(tmp_path, **sections)
     run_dir = tmp_path / "runs" / "job"
-    launcher = start("train", str(job), cwd=tmp_path)
+    launcher = start("train", str(job), cwd=tmp_path, exec_workers=True)
     workers = workers_of(launcher, 2)
     store, key = store_of(workers[0]), report_key(job_signer(workers[0]), 1)
     forged = {

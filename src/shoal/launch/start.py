@@ -213,8 +213,10 @@ def _forked_main(argv: list[str], env: dict[str, str], out: int, err: int, *keep
     """A forked worker's first steps: become what an exec'd one is, then run it."""
     _leave_the_forkserver()
     os.setsid()
-    # ps and pgrep -f see the command an exec'd worker runs, not the forkserver's
-    setproctitle.setproctitle(" ".join([sys.executable, "-m", "shoal.launch.worker", *argv]))
+    # ps and pgrep -f see the command an exec'd worker runs, not the forkserver's, and its
+    # rank: /proc/<pid>/environ shows the server's environment, not this one
+    command = [sys.executable, "-m", "shoal.launch.worker", *argv, f"[rank {env.get('RANK')}]"]
+    setproctitle.setproctitle(" ".join(command))
     os.environ.clear()
     os.environ.update(env)
     stdin = os.open(os.devnull, os.O_RDONLY)
