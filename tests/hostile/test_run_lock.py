@@ -22,6 +22,14 @@ from shoal.checkpoint.manager import list_checkpoints
 from shoal.run import RunPaths
 from shoal.run.lock import RunInUse, RunLock
 from tests.conftest import data_parallel, run_shoal, small_job
+from tests.hostile.jobs import wait_for
+
+
+def _workers_of(run: Path) -> bool:
+    found = subprocess.run(
+        ["pgrep", "-f", f"shoal.launch.worker --run-dir {run}"], capture_output=True
+    )
+    return bool(found.stdout.strip())
 
 
 def _wait_for_checkpoint(run: Path, process: subprocess.Popen[bytes], timeout: float) -> Path:
@@ -67,8 +75,10 @@ def test_one_writer_and_a_killed_holder_frees_the_run(
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait(timeout=30)
+    # the killed launcher's workers stop (their death signal is a stop request, with a
+    # checkpoint); the newest checkpoint is read once they are gone
+    wait_for(lambda: not _workers_of(run), 30, "the killed launcher's workers to stop")
     newest = json.loads((list_checkpoints(run / "checkpoints")[-1] / "meta.json").read_text())
-    # the killed launcher's workers may still be stopping: the lock waits for them
     resumed = run_shoal(
         "train",
         "--resume",

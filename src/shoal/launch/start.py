@@ -18,10 +18,11 @@ command line as `ps` shows it (setproctitle), and its CPU threads
 (OMP_NUM_THREADS was read when the server imported torch, so it is applied
 explicitly).
 
-The forkserver's parent is the launcher, and it exits when the launcher does
-(once each worker closed its end of the server's "alive" pipe, which
-multiprocessing hands to every process it forks), so a worker's "die with the
-launcher" signal (worker.py) still fires when the launcher is killed.
+The forkserver's parent is the launcher, and it is killed when the launcher dies
+(launch/preload.py), so a worker's "die with the launcher" signal (worker.py)
+still fires, at once, when the launcher is killed. (A worker also closes its end
+of the server's "alive" pipe, which multiprocessing hands to every process it
+forks, so that nothing but the launcher keeps the server alive.)
 
 A worker is exec'd instead when a fork could not give the same process:
 `SHOAL_WORKER_START=exec` in the launcher's environment, a platform without
@@ -45,8 +46,9 @@ from typing import IO, Any, Protocol
 import setproctitle
 
 START_ENV = "SHOAL_WORKER_START"
-#: what the server imports once, for every worker it forks (torch and all of shoal's core)
-PRELOAD = ["shoal.launch.worker"]
+#: what the server imports once, for every worker it forks (torch and all of shoal's core,
+#: and a death signal tied to the launcher)
+PRELOAD = ["shoal.launch.preload"]
 
 _server_pythonpath: str | None = None  # PYTHONPATH when the forkserver was set up
 _server_ready = False

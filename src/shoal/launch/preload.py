@@ -1,0 +1,32 @@
+"""What the launcher's forkserver imports, once, before it forks any worker (launch/start.py).
+
+Importing this module is meant to have an effect, and only that server imports it:
+
+- the worker's modules (torch and shoal's core), shared by every worker it forks;
+- a death signal tied to the launcher (SIGKILL when its parent, the launcher, dies).
+  multiprocessing's server would otherwise end only once it noticed the launcher's end
+  of its "alive" pipe close, and then finalize its interpreter (about a second with
+  torch loaded) while the workers trained on. Killed at once instead, it makes each
+  worker's own death signal (a SIGTERM: stop at the next step, with a checkpoint; see
+  worker.py) come as soon as it would for a worker the launcher exec'd itself.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import signal
+
+import shoal.launch.worker  # noqa: F401  (imported for every worker forked from here)
+
+PR_SET_PDEATHSIG = 1
+
+
+def _die_with_the_launcher() -> None:
+    try:
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    except OSError:
+        pass  # not Linux: the server ends when the launcher's end of its pipe closes
+
+
+_die_with_the_launcher()
