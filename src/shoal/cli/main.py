@@ -1,4 +1,4 @@
-"""`shoal train`, `shoal config validate|schema|show`.
+"""`shoal train`, `shoal config validate|schema|show`, `shoal plugins`.
 
 User errors print one line each (what, where, how to fix) and exit 2, without a
 traceback; a failed job exits 1 with the rank and error that caused it; a run
@@ -49,7 +49,7 @@ def _validate(args: argparse.Namespace) -> int:
     from shoal.strategies.registry import strategy_class
 
     config = load_config(args.file, args.set)
-    strategy = strategy_class(config.strategy.type)
+    strategy = strategy_class(config.strategy)
     strategy.check(config)
     world = strategy.world_size(config)
     print(
@@ -70,6 +70,13 @@ def _show(args: argparse.Namespace) -> int:
     from shoal.config import dump_config, load_config
 
     sys.stdout.write(dump_config(load_config(args.file, args.set)))
+    return EXIT_OK
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from shoal.plugins.listing import plugin_lines
+
+    print("\n".join(plugin_lines()))
     return EXIT_OK
 
 
@@ -115,6 +122,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(handler=_show)
     schema = config_commands.add_parser("schema", help="print the JSON Schema of configs")
     schema.set_defaults(handler=_schema)
+
+    plugins = commands.add_parser(
+        "plugins", help="list the strategies, tasks, aggregation methods... that are registered"
+    )
+    plugins.set_defaults(handler=_plugins)
     return parser
 
 
@@ -134,11 +146,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> None:
     """The `shoal` command and `python -m shoal`."""
-    from shoal.launch.process_group import exit_process, launched_by_torchrun
-
     code = main()
-    if launched_by_torchrun():
-        exit_process(code)  # a torchrun worker: see exit_process for why it skips finalization
+    if "RANK" in os.environ:  # maybe a torchrun worker; only then is torch worth importing here
+        from shoal.launch.process_group import exit_process, launched_by_torchrun
+
+        if launched_by_torchrun():
+            exit_process(code)  # a torchrun worker: see exit_process for why it skips finalization
     sys.exit(code)
 
 
