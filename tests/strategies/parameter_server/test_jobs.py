@@ -183,8 +183,8 @@ def test_resume_with_more_servers_reshards_and_continues_exactly(
     assert resumed["steps"] == full["steps"]
     assert len(list(Path(resumed["checkpoint"]).glob(SHARD_GLOB))) == 3
     a, b = ps_tables(full), ps_tables(resumed)
-    for name in a:
-        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5)
+    for name in a:  # bit for bit: a row's sum does not depend on which server holds it
+        assert torch.equal(a[name], b[name]), name
     log = (Path(resumed["run_dir"]) / "logs" / "rank-2.log").read_text()
     assert "re-sharded from 2 servers to 3" in log
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +21,14 @@ from shoal.strategies.parameter_server.config import (
 from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
 from shoal.strategies.parameter_server.server import ShardServer, TableShard
 from shoal.strategies.parameter_server.sharding import local_index, shard_ids, table_owners
-from shoal.strategies.parameter_server.wire import Header, Message, Op, WireError
+from shoal.strategies.parameter_server.wire import (
+    HEADER_LEN,
+    Bounds,
+    Header,
+    Message,
+    Op,
+    WireError,
+)
 
 NAMES = [f"e{i}" for i in range(103)]
 
@@ -85,6 +93,20 @@ def test_sync_applies_a_clock_only_when_every_worker_pushed_it() -> None:
     assert dict(server.stats.staleness) == {0: 2}
 
 
+@pytest.mark.parametrize("arrival", list(itertools.permutations(range(3))))
+def test_sync_sums_a_clock_in_worker_order_whatever_the_arrival_order(
+    arrival: tuple[int, ...],
+) -> None:
+    """In float32, (1e8 + 1) - 1e8 == 0 but (1e8 - 1e8) + 1 == 1: the order of a sum shows.
+    Workers 0, 1, 2 push 1e8, 1, -1e8 to one row; in worker order the sum is 0."""
+    server = _server("sync", 0, workers=3)
+    values = (1e8, 1.0, -1e8)
+    for worker in arrival:
+        server.receive(_push(worker, 0, [4], values[worker]), 0.0)
+    assert server.sync_clock == 1
+    assert torch.equal(server.tables["entity"].rows[4], torch.ones(3))  # 1 - lr * 0
+
+
 def test_bounded_holds_a_pull_more_than_the_bound_ahead_and_async_does_not() -> None:
     for mode, bound in (("bounded", 2), ("async", None)):
         server = _server(mode, bound)
@@ -113,17 +135,82 @@ def test_a_held_pull_expires_naming_the_worker_it_waits_for() -> None:
 
 
 def test_bad_requests_are_refused_before_they_change_anything() -> None:
+    """A refused push gets no answer (pushes have none) and leaves a hole in the worker's
+    clocks: the worker is refused from then on, its next request answered with the reason."""
     server = _server("async", None)
-    with pytest.raises(WireError, match="entity id out of range"):
-        server.receive(_push(0, 0, [99], 1.0), 0.0)
-    with pytest.raises(WireError, match="pushes must come in clock order"):
-        server.receive(_push(0, 3, [0], 1.0), 0.0)
+    assert server.receive(_push(0, 0, [99], 1.0), 0.0) == []
+    assert "entity id out of range" in server.refused[0]
+    assert server.receive(_push(1, 3, [0], 1.0), 0.0) == []
+    assert "pushes must come in clock order" in server.refused[1]
     assert server.received == [0, 0]
     assert torch.equal(server.tables["entity"].rows, torch.ones(6, 3))
+    (reply,) = server.receive(_pull(0, 0, [1], seq=5), 0.0)
+    assert reply.header.op == Op.ERROR and reply.header.seq == 5
+    assert "entity id out of range" in reply.blob.decode()
     with pytest.raises(WireError, match="exceed the bound of 8"):
-        Header.parse(Header(Op.PULL, 0, 0, 9, 0).tensor(), max_rows=8)
+        Header.parse(Header(Op.PULL, 0, 0, 9, 0).tensor(), Bounds(8, 8))
     with pytest.raises(WireError, match="not a parameter-server header"):
-        Header.parse(torch.zeros(8, dtype=torch.int64), max_rows=8)
+        Header.parse(torch.zeros(HEADER_LEN, dtype=torch.int64), Bounds(8, 8))
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        (_pull(0, 0, [99]), "entity id out of range"),
+        (_pull(0, 0, [-1]), "entity id out of range"),
+        (Message(Header(Op.PULL, 0, 0, 2, 0), 0, torch.tensor([1])), "1 row ids where"),
+        (Message(Header(Op.SNAPSHOT, 0, 0, 1, 0), 0, torch.tensor([1])), "carries no row ids"),
+        (Message(Header(Op.STATS, 0, 0), 0, blob=b"x"), "a stats carries no blob"),
+        (Message(Header(Op.PULL, 0, 0, more=2), 0), "only a push comes in chunks"),
+        (Message(Header(Op.SAVE, 0, 0, fresh=True), 0, blob=b"\xff\xfe"), "not a folder name"),
+        (Message(Header(Op.SAVE, 0, 0, fresh=True), 0, blob=b"a\0b"), "not a folder name"),
+    ],
+)
+def test_a_refused_request_is_answered_in_its_turn_and_the_worker_served_on(
+    message: Message, reason: str
+) -> None:
+    """Worker 0's pull for clock 1 is held (sync: worker 1 has not pushed clock 0); a bad
+    request after it is answered after it, and the worker's next pull is served."""
+    server = _server("sync", 0)
+    server.save_root = Path("/nonexistent-run-dir")
+    server.receive(_push(0, 0, [1], 1.0), 0.0)
+    assert server.receive(_pull(0, 1, [1], seq=1), 0.0) == []
+    message.header.seq = 2
+    assert server.receive(message, 0.0) == []  # behind the held pull
+    replies = server.receive(_push(1, 0, [2], 1.0), 0.0)
+    assert [(r.header.seq, r.header.op) for r in replies] == [(1, Op.REPLY), (2, Op.ERROR)]
+    assert reason in replies[1].blob.decode()
+    (served,) = server.receive(_pull(0, 1, [1, 2], seq=3), 0.0)
+    assert served.header.op == Op.REPLY and served.values is not None
+    assert torch.equal(served.values.view(2, 3), torch.full((2, 3), 0.5))
+    assert server.refused == {}
+
+
+@pytest.mark.parametrize(
+    ("push", "reason"),
+    [
+        (_push(0, 0, [2, 1], 1.0), "unique and ascending"),
+        (_push(0, 0, [1, 1], 1.0), "unique and ascending"),
+        (_push(0, 0, [1], float("nan")), "non-finite values"),
+        (Message(Header(Op.PUSH, 0, 0, 1, 0), 0, torch.tensor([1]), torch.ones(2)), "2 values"),
+        (
+            Message(Header(Op.PUSH, 0, 0, 1, 0, fresh=True), 0, torch.tensor([1]), torch.ones(3)),
+            "only an answered request can be fresh",
+        ),
+    ],
+)
+def test_a_refused_push_refuses_its_worker_and_a_held_pull_names_why(
+    push: Message, reason: str
+) -> None:
+    server = _server("sync", 0)
+    server.receive(_push(1, 0, [1], 1.0), 0.0)
+    assert server.receive(_pull(1, 1, [1]), 0.0) == []  # held for worker 0's clock 0
+    assert server.receive(push, 0.0) == []
+    assert reason in server.refused[0]
+    assert torch.equal(server.tables["entity"].rows, torch.ones(6, 3))
+    (expired,) = server.expire(6.0)
+    assert "worker 0 (at clock 0)" in expired.blob.decode()
+    assert reason in expired.blob.decode() and "refused" in expired.blob.decode()
 
 
 def test_a_shard_is_saved_only_inside_the_run_directory(tmp_path: Path) -> None:

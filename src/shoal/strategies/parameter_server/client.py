@@ -97,7 +97,6 @@ class RowClient:
         self.timeout_s = timeout_s
         self.stats = ClientStats()
         self.held_bytes = 0
-        self._seq = 0
         self._pushed = 0  # clocks pushed
 
     def resume_at(self, clock: int) -> None:
@@ -107,10 +106,6 @@ class RowClient:
     def note_held(self, *tensors: torch.Tensor) -> None:
         held = sum(t.numel() * t.element_size() for t in tensors)
         self.held_bytes = max(self.held_bytes, held)
-
-    def _next_seq(self) -> int:
-        self._seq += 1
-        return self._seq
 
     def _by_server(
         self, entity_ids: torch.Tensor, relation_ids: torch.Tensor
@@ -139,9 +134,7 @@ class RowClient:
         for server, e_at, r_at in self._by_server(entity_ids, relation_ids):
             if not len(e_at) and not len(r_at):
                 continue
-            header = Header(
-                Op.PULL, self.worker, clock, len(e_at), len(r_at), seq=self._next_seq(), fresh=fresh
-            )
+            header = Header(Op.PULL, self.worker, clock, len(e_at), len(r_at), fresh=fresh)
             ids = torch.cat([entity_ids[e_at], relation_ids[r_at]])
             count = len(e_at) * self.widths[0] + len(r_at) * self.widths[1]
             reply = self.links[server].request(header, ids, b"", count)
@@ -159,7 +152,7 @@ class RowClient:
         clock: int,
     ) -> None:
         """Row gradients (unique ids) for `clock`: every server gets one push, in chunks whose
-        `seq` counts the chunks still to come (0: the push is complete)."""
+        `more` counts the chunks still to come (0: the push is complete)."""
         if clock != self._pushed:
             raise RuntimeError(f"push for clock {clock} after {self._pushed} pushes")
         for link in self.links:
@@ -170,7 +163,7 @@ class RowClient:
         for server, chunks in by_server.items():
             for index, (e_at, r_at) in enumerate(chunks):
                 remaining = len(chunks) - 1 - index
-                header = Header(Op.PUSH, self.worker, clock, len(e_at), len(r_at), seq=remaining)
+                header = Header(Op.PUSH, self.worker, clock, len(e_at), len(r_at), more=remaining)
                 ids = torch.cat([entity_ids[e_at], relation_ids[r_at]])
                 values = torch.cat(
                     [entity_grads[e_at].reshape(-1), relation_grads[r_at].reshape(-1)]
@@ -184,9 +177,7 @@ class RowClient:
     def control(self, op: Op, clock: int, blob: bytes = b"", fresh: bool = True) -> list[Any]:
         """Send `op` to every server and wait: their JSON answers (None where empty)."""
         pending = [
-            link.request(
-                Header(op, self.worker, clock, seq=self._next_seq(), fresh=fresh), None, blob, 0
-            )
+            link.request(Header(op, self.worker, clock, fresh=fresh), None, blob, 0)
             for link in self.links
         ]
         answers = []

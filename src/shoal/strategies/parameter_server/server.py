@@ -12,11 +12,17 @@ are in the table for every worker still training (its minimum: the slowest).
   arrival; a pull for clock c waits until c - applied <= max_staleness.
 - async: pushes applied on arrival, pulls answered on arrival.
 
-A worker's answered requests are served in the order it sent them (its replies
-then arrive in the order it waits for them); pushes never wait. A request held
-longer than the barrier timeout is answered with an error naming the workers it
-waited for. `fresh` requests (evaluation pulls, checkpoints, snapshots) wait for
-every push up to their clock in every mode, so they see a consistent table.
+A worker's answered requests are answered in the order it sent them, refusals
+included (its replies then arrive in the order it waits for them); pushes never
+wait. A request held longer than the barrier timeout is answered with an error
+naming the workers it waited for. `fresh` requests (evaluation pulls,
+checkpoints, snapshots) wait for every push up to their clock in every mode, so
+they see a consistent table.
+
+A refused request is answered with the reason and changes nothing. A refused push
+cannot be answered (pushes get no reply) and leaves a hole in that worker's clocks,
+so the worker is refused from then on: its next request is answered with the
+reason, and a pull held for it names it.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ import collections
 import hashlib
 import io
 import json
+import logging
 import math
 import time
 from dataclasses import dataclass, field
@@ -36,7 +43,14 @@ import torch
 
 from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.strategies.parameter_server.row_optimizers import RowOptimizer
-from shoal.strategies.parameter_server.wire import ANSWERED, Header, Message, Op, WireError
+from shoal.strategies.parameter_server.wire import (
+    ANSWERED,
+    REQUESTS,
+    Header,
+    Message,
+    Op,
+    WireError,
+)
 
 TABLES = ("entity", "relation")
 
@@ -99,6 +113,7 @@ class ServerStats:
 class _Held:
     message: Message
     since: float
+    error: str | None = None  # a refused request: answered with this, in its turn
 
 
 class ShardServer:
@@ -115,8 +130,10 @@ class ShardServer:
         bound: int | None,
         barrier_timeout_s: float,
         save_root: Path | None = None,
+        log: logging.Logger | None = None,
     ) -> None:
         self.index = index
+        self.log = log or logging.getLogger(__name__)
         self.save_root = save_root.resolve() if save_root is not None else None
         self.num_servers = num_servers
         self.num_workers = num_workers
@@ -135,6 +152,7 @@ class ShardServer:
             collections.deque() for _ in range(num_workers)
         ]
         self._snapshot: dict[str, tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None
+        self.refused: dict[int, str] = {}  # worker -> why its pushes are no longer taken
         self.stats = ServerStats()
 
     # ------------------------------------------------------------ clocks
@@ -151,7 +169,10 @@ class ShardServer:
         low = min((self.received[w] for w in active), default=0)
         return [w for w in active if self.received[w] == low]
 
-    def _ready(self, header: Header) -> bool:
+    def _ready(self, held: _Held) -> bool:
+        header = held.message.header
+        if held.error is not None:
+            return True
         applied = self.applied()
         if header.fresh:
             return applied >= header.clock
@@ -166,23 +187,93 @@ class ShardServer:
 
     # ------------------------------------------------------------ messages
     def receive(self, message: Message, now: float) -> list[Reply]:
-        """Take one request; return the replies it releases (to it or to held requests)."""
+        """Take one request; return the replies it releases (to it or to held requests).
+
+        WireError only for a message that names no worker or no request: who sent it is
+        answered at once. Every other refusal is answered in the worker's turn."""
         header = message.header
         worker = header.sender
         if not 0 <= worker < self.num_workers:
             raise WireError(f"sender {worker} is not a worker index (0..{self.num_workers - 1})")
+        if header.op not in REQUESTS:
+            raise WireError(f"op {header.op.name} is not a request")
+        if header.op == Op.BYE:
+            self.finished[worker] = True
+            return self._release(now)
+        try:
+            if self.finished[worker]:
+                raise WireError(f"worker {worker} already said goodbye")
+            if worker in self.refused:
+                raise WireError(self.refused[worker])
+            self._check(message)
+        except WireError as exc:
+            return self.reject(header, str(exc), now)
         if header.op == Op.PUSH:
             self._push(message)
-        elif header.op == Op.BYE:
-            self.finished[worker] = True
-        elif header.op in ANSWERED:
-            if header.op == Op.PULL:  # check now: a bad id is answered at once, not held
-                for name, ids in self._split(message).items():
-                    self.tables[name].positions(ids, name)
-            self._queues[worker].append(_Held(message, now))
         else:
-            raise WireError(f"op {header.op.name} is not a request")
+            self._queues[worker].append(_Held(message, now))
         return self._release(now)
+
+    def reject(self, header: Header, reason: str, now: float) -> list[Reply]:
+        """Refuse worker `header.sender`'s request: answered in its turn with `reason`; a
+        refused push refuses the worker from then on (see the module docstring)."""
+        worker = header.sender
+        self.stats.rejected += 1
+        self.log.warning(
+            "server %d: refused worker %d's %s (seq %d): %s",
+            self.index,
+            worker,
+            header.op.name.lower(),
+            header.seq,
+            reason,
+        )
+        if header.op == Op.PUSH and worker not in self.refused:
+            self._partial.pop(worker, None)
+            self.refused[worker] = (
+                f"server {self.index} refused worker {worker}'s push for clock {header.clock} "
+                f"({reason}), so its clocks are broken and it is refused from then on"
+            )
+        if header.op in ANSWERED:
+            self._queues[worker].append(_Held(Message(header, worker), now, reason))
+        return self._release(now)
+
+    def _check(self, message: Message) -> None:
+        """A request's fields against each other and against this shard, before it is held
+        or applied: WireError says what is wrong."""
+        header = message.header
+        if header.rows and header.op not in (Op.PULL, Op.PUSH):
+            raise WireError(f"a {header.op.name.lower()} carries no row ids")
+        if header.more and header.op != Op.PUSH:
+            raise WireError("only a push comes in chunks")
+        if header.fresh and header.op not in ANSWERED:
+            raise WireError("only an answered request can be fresh")
+        if message.blob and header.op != Op.SAVE:
+            raise WireError(f"a {header.op.name.lower()} carries no blob")
+        if len(message.ids) != header.rows:
+            raise WireError(f"{len(message.ids)} row ids where the header says {header.rows}")
+        parts = self._split(message)
+        for name, ids in parts.items():
+            self.tables[name].positions(ids, name)
+        expected = 0
+        if header.op == Op.PUSH:
+            widths = self.tables["entity"].width, self.tables["relation"].width
+            expected = header.entity_rows * widths[0] + header.relation_rows * widths[1]
+            for name, ids in parts.items():  # unique: the optimizers update each row once
+                if len(ids) > 1 and not bool((ids[1:] > ids[:-1]).all()):
+                    raise WireError(f"{name} ids of a push must be unique and ascending")
+            if not bool(torch.isfinite(message.values).all()):
+                raise WireError("non-finite values (NaN/Inf) in a push")
+            if header.clock != self.received[header.sender]:
+                raise WireError(
+                    f"push for clock {header.clock} from worker {header.sender}, which has "
+                    f"pushed {self.received[header.sender]} clocks (pushes must come in clock "
+                    "order)"
+                )
+        if message.values.numel() != expected:
+            raise WireError(
+                f"{message.values.numel()} values in a {header.op.name.lower()} of "
+                f"{header.entity_rows} + {header.relation_rows} rows (expected {expected})"
+            )
 
     def expire(self, now: float) -> list[Reply]:
         """Fail the requests held longer than the barrier timeout, naming who they waited for."""
@@ -190,14 +281,19 @@ class ShardServer:
         for worker, queue in enumerate(self._queues):
             if queue and now - queue[0].since > self.barrier_timeout_s:
                 held = queue.popleft()
+                slowest = self.slowest()
                 waiting_for = ", ".join(
-                    f"worker {w} (at clock {self.received[w]})" for w in self.slowest()
+                    f"worker {w} (at clock {self.received[w]})" for w in slowest
                 )
+                why = "which stopped pushing"
+                refused = [self.refused[w] for w in slowest if w in self.refused]
+                if refused:
+                    why = "; " + "; ".join(refused)
                 text = (
                     f"server {self.index}: worker {worker}'s {held.message.header.op.name.lower()}"
                     f" for clock {held.message.header.clock} waited "
                     f"{now - held.since:.1f} s (strategy.barrier_timeout_s = "
-                    f"{self.barrier_timeout_s:g}) for {waiting_for}, which stopped pushing"
+                    f"{self.barrier_timeout_s:g}) for {waiting_for}, {why}"
                 )
                 replies.append(error_reply(self.index, worker, held.message.header, text))
         return replies
@@ -209,14 +305,17 @@ class ShardServer:
     def _release(self, now: float) -> list[Reply]:
         replies = []
         for queue in self._queues:
-            while queue and self._ready(queue[0].message.header):
+            while queue and self._ready(queue[0]):
                 held = queue.popleft()
+                header = held.message.header
+                if held.error is not None:
+                    replies.append(error_reply(self.index, header.sender, header, held.error))
+                    continue
                 self.stats.held_s += now - held.since
                 try:
                     replies.append(self._answer(held.message))
                 except WireError as exc:  # answered with the error; the others still served
                     self.stats.rejected += 1
-                    header = held.message.header
                     replies.append(error_reply(self.index, header.sender, header, str(exc)))
         return replies
 
@@ -226,19 +325,13 @@ class ShardServer:
         return {"entity": message.ids[:n], "relation": message.ids[n:]}
 
     def _push(self, message: Message) -> None:
-        """A push may come in chunks; `seq` counts the chunks still to come (0: complete)."""
+        """A push may come in chunks; `more` counts the chunks still to come (0: complete).
+        Checked (`_check`) before it gets here."""
         header, worker = message.header, message.header.sender
-        if header.clock != self.received[worker]:
-            raise WireError(
-                f"push for clock {header.clock} from worker {worker}, which has pushed "
-                f"{self.received[worker]} clocks (pushes must come in clock order)"
-            )
-        for name, ids in self._split(message).items():  # validate before any state changes
-            self.tables[name].positions(ids, name)
         self.stats.rows_pushed += header.rows
         self.stats.bytes_in += message.values.numel() * 4 + message.ids.numel() * 8
         self._partial[worker].append(message)
-        if header.seq > 0:
+        if header.more > 0:
             return
         parts = self._partial.pop(worker)
         self.received[worker] += 1
@@ -250,7 +343,11 @@ class ShardServer:
         self._sync_count[header.clock] += 1
         if self._sync_count[header.clock] == self.num_workers:
             del self._sync_count[header.clock]
-            self._apply(self._sync_pending.pop(header.clock))
+            # in worker order, not arrival order: a float sum of three or more terms depends
+            # on their order, and identical runs must end bit-identical (the sort is stable:
+            # a worker's chunks stay in sending order)
+            parts = sorted(self._sync_pending.pop(header.clock), key=lambda m: m.header.sender)
+            self._apply(parts)
             self.sync_clock += 1
 
     def _apply(self, messages: list[Message]) -> None:
@@ -299,7 +396,7 @@ class ShardServer:
                 self.stats.staleness[max(0, int(header.clock - min(self.applied(), 1 << 62)))] += 1
             return Reply(header.sender, reply, values)
         if header.op == Op.SAVE:
-            return Reply(header.sender, reply, blob=self._save(message.blob.decode(), header.clock))
+            return Reply(header.sender, reply, blob=self._save(message.blob, header.clock))
         if header.op == Op.SNAPSHOT:
             self._snapshot = {
                 name: (t.rows.clone(), {k: v.clone() for k, v in t.state.items()})
@@ -329,12 +426,17 @@ class ShardServer:
         )
         return state
 
-    def _save(self, folder: str, clock: int) -> bytes:
-        """Write this shard into `folder` atomically; answer its file name and checksum.
+    def _save(self, blob: bytes, clock: int) -> bytes:
+        """Write this shard into the folder `blob` names, atomically; answer its file name and
+        checksum.
 
         The folder comes from a message: it must lie inside the run directory, or a peer
         could make the server write wherever it may."""
-        target = Path(folder).resolve()
+        try:
+            folder = blob.decode()
+            target = Path(folder).resolve()
+        except (UnicodeDecodeError, ValueError, OSError) as exc:
+            raise WireError(f"not a folder name: {exc}") from None
         if self.save_root is None or not target.is_relative_to(self.save_root):
             raise WireError(f"refusing to save a shard outside the run directory: {folder}")
         buffer = io.BytesIO()
@@ -350,5 +452,10 @@ def shard_file_name(index: int, num_servers: int) -> str:
 
 
 def error_reply(server: int, worker: int, request: Header, text: str) -> Reply:
-    header = Header(Op.ERROR, server, request.clock, seq=request.seq, blob_len=len(text.encode()))
-    return Reply(worker, header, blob=text.encode())
+    """`text` for `request`. A pull's reply always has a values message, an error's too (one
+    float): the worker posted that receive with its request, and a receive left without its
+    message would take the rows of the next reply."""
+    blob = text.encode()[: 1 << 15]
+    header = Header(Op.ERROR, server, request.clock, seq=request.seq, blob_len=len(blob))
+    values = torch.zeros(1) if request.op == Op.PULL and request.rows else None
+    return Reply(worker, header, values, blob=blob)

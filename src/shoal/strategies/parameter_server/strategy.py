@@ -32,6 +32,7 @@ from shoal.runtime.rng import seed_everything
 from shoal.strategies.base import Strategy
 from shoal.strategies.parameter_server.client import RowClient
 from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
+from shoal.strategies.parameter_server.endpoint import ServerEndpoint
 from shoal.strategies.parameter_server.learner import ServedRows, ServerLearner, ServerSync
 from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
 from shoal.strategies.parameter_server.server import ShardServer
@@ -43,7 +44,6 @@ from shoal.strategies.parameter_server.transport import (
     LocalChannel,
     LocalLink,
     RemoteLink,
-    ServerEndpoint,
 )
 from shoal.tasks.base import Task
 from shoal.tasks.kge.models import KGEModel
@@ -182,6 +182,7 @@ class ParameterServerStrategy(Strategy):
             config.staleness_bound,
             config.barrier_timeout_s,
             ctx.paths.root,
+            ctx.log,
         )
         if ctx.resume_from:
             shard.resume_at(

@@ -1,0 +1,356 @@
+"""A server's side of the transport: read requests from any rank, answer them, stay in step.
+
+A receiver thread posts a receive for the next header from *any* rank (`dist.recv`
+without `src`), then reads that rank's payload, and puts the decoded message into
+an inbox; the serving loop takes messages from the inbox with a timeout (held
+requests expire, a silent job is noticed) and sends replies.
+
+Staying in step with each rank (:class:`Channels`) is what keeps a rejected message
+from corrupting the next one: gloo hands a receive the next message on its tag
+from that rank, so every payload a header announced must be read, exactly, before
+that rank's next header is. Hence, per header:
+
+- its frame is broken (no MAGIC or END: garbled or truncated; a size negative or
+  over the bounds): nothing it says can be trusted, not even whether a payload
+  follows, so that rank's channel is *closed*: the header is answered with the
+  reason, and from then on every request of that rank is answered with it and
+  none of its payloads is read (one could be a leftover, or larger than any receive
+  posted for it, which aborts the process inside gloo). A worker so closed fails
+  with the reason; the other workers are served on.
+- its frame holds: the payload is read by the size the header announces (bounded),
+  and its stamp must name this header's sender and sequence number; a payload that
+  does not (shorter than announced, or another message's) closes the channel too.
+- the fields are wrong (unknown op, another sender's index, a sequence number out
+  of order, sizes that do not fit the op, ids out of range...): the message has been
+  read to its end, so it is refused with an answer and that rank is served on.
+- the payload does not come within `faults.timeout_s`: the server fails naming the
+  rank (gloo closes a connection whose receive timed out).
+
+What gloo itself does to a message longer than the receive posted for it is out of
+reach: it aborts the receiving process. So a rank that sends a payload longer than
+its header announced ends the server, and the job fails naming the server's rank.
+"""
+
+from __future__ import annotations
+
+import collections
+import datetime
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from shoal.comm.links import PeerTimeout, describe_failure
+from shoal.strategies.parameter_server.server import Reply, ShardServer, error_reply
+from shoal.strategies.parameter_server.transport import LocalChannel
+from shoal.strategies.parameter_server.wire import (
+    HEADER_LEN,
+    REQUESTS,
+    STAMP_LEN,
+    Bounds,
+    Header,
+    Message,
+    Op,
+    Tag,
+    WireError,
+    frame,
+    payload_bytes,
+    payload_stamp,
+    stamp,
+    unpack_payload,
+)
+
+
+@dataclass
+class Rejected:
+    """A message refused before it reached the shard. `header`: what it said, if readable
+    (else `seq`, its sequence number as sent); `closed`: the rank's channel is closed (see
+    the module docstring)."""
+
+    source: int
+    header: Header | None
+    reason: str
+    closed: bool = False
+    seq: int = 0
+
+
+@dataclass
+class _Failed:
+    error: Exception
+
+
+class Channels:
+    """What a server reads from each rank: the sequence number it expects next, and whether
+    it still reads from that rank at all (`closed`: rank -> why not)."""
+
+    def __init__(self, server: int, group: Any, bounds: Bounds, timeout_s: float) -> None:
+        self.server = server
+        self.group = group
+        self.bounds = bounds
+        self.timeout_s = timeout_s
+        self.expected: collections.defaultdict[int, int] = collections.defaultdict(lambda: 1)
+        self.closed: dict[int, str] = {}
+        self.heard = time.monotonic()  # when the last header arrived
+        self.reading = False  # waiting for a payload: its own timeout names the rank
+
+    def receive(self) -> Message | Rejected:
+        """The next request from any rank: read to its end, or refused (blocking)."""
+        raw = torch.zeros(HEADER_LEN, dtype=torch.int64)  # a truncated header keeps zeros
+        source = dist.recv(raw, src=None, group=self.group, tag=Tag.HEADER)
+        self.heard = time.monotonic()
+        return self.read(raw, source)
+
+    def read(self, raw: torch.Tensor, source: int) -> Message | Rejected:
+        if source in self.closed:
+            return self._from_closed(raw, source)
+        try:
+            v = frame(raw, self.bounds)
+        except WireError as exc:
+            return self._close(raw, source, f"rank {source} sent {exc}")
+        payload = self._payload(source, v)
+        if payload is not None and payload_stamp(payload) != stamp(v[2], v[3]):
+            return self._close(
+                raw,
+                source,
+                f"the payload rank {source} sent after its header (seq {v[3]}) is not that "
+                "header's: shorter than the header announced, or another message's",
+            )
+        expected = self.expected[source]
+        try:
+            header = Header.parse(raw, self.bounds)
+            if header.seq != expected:
+                raise WireError(
+                    f"sequence number {header.seq} out of order: rank {source}'s next message "
+                    f"to server {self.server} is number {expected}"
+                )
+            self.expected[source] += 1
+            if header.sender != source:
+                raise WireError(f"header names worker {header.sender}, sent by rank {source}")
+        except WireError as exc:  # read to its end: the channel is in step, and stays open
+            if v[3] == expected and self.expected[source] == expected:
+                self.expected[source] += 1
+            return Rejected(source, _readable(raw, self.bounds), str(exc), seq=v[3])
+        message = Message(header, source)
+        if payload is not None:
+            message.ids, message.values, message.blob = unpack_payload(header, payload)
+        return message
+
+    def _payload(self, source: int, v: list[int]) -> torch.Tensor | None:
+        size = payload_bytes(v[7] + v[8], v[9], v[10])
+        if not size:
+            return None
+        payload = torch.empty(size, dtype=torch.uint8)
+        payload[-STAMP_LEN:] = 0  # a short payload leaves these: never a valid stamp
+        work = dist.irecv(payload, source, group=self.group, tag=Tag.PAYLOAD)
+        self.reading = True
+        try:
+            assert work is not None, "this rank is not in the servers' group"
+            work.wait(datetime.timedelta(seconds=self.timeout_s))
+            self.reading = False
+        except Exception as exc:
+            raise PeerTimeout(
+                f"server {self.server}: rank {source} announced a payload of {size} bytes "
+                f"(its message seq {v[3]}) and did not send it within {self.timeout_s:g} s "
+                f"(faults.timeout_s): {describe_failure(exc)}"
+            ) from exc
+        return payload
+
+    def _close(self, raw: torch.Tensor, source: int, reason: str) -> Rejected:
+        self.closed[source] = f"{reason}; server {self.server} reads no more from it"
+        header = _readable(raw, self.bounds)
+        return Rejected(source, header, self.closed[source], closed=True, seq=int(raw[3]))
+
+    def _from_closed(self, raw: torch.Tensor, source: int) -> Message | Rejected:
+        """A closed rank's header: its payload, if any, is never read. A goodbye is taken (the
+        worker is done), anything else refused with the reason the channel closed."""
+        header = _readable(raw, self.bounds)
+        if header is not None and header.op == Op.BYE and header.sender == source:
+            return Message(header, source)
+        reason = f"rank {source}'s channel is closed: {self.closed[source]}"
+        return Rejected(source, header, reason, closed=True, seq=int(raw[3]))
+
+
+def _readable(raw: torch.Tensor, bounds: Bounds) -> Header | None:
+    try:
+        return Header.parse(raw, bounds)
+    except WireError:
+        return None
+
+
+class ServerEndpoint:
+    """Runs one :class:`ShardServer`: receives requests, answers them, ends when all workers
+    said goodbye. `local` is the in-process channel of a co-located worker (or None)."""
+
+    def __init__(
+        self,
+        server: ShardServer,
+        group: Any,
+        widths: tuple[int, int],
+        max_rows: int,
+        timeout_s: float,
+        log: logging.Logger,
+        local: LocalChannel | None = None,
+        on_tick: Callable[[ShardServer], None] | None = None,
+    ) -> None:
+        self.server = server
+        self.group = group
+        self.timeout_s = timeout_s
+        self.log = log
+        self.local = local
+        self.on_tick = on_tick
+        self.channels = Channels(server.index, group, Bounds.of(max_rows, widths), timeout_s)
+        self.inbox: queue.Queue[Message | Rejected | _Failed] = queue.Queue()
+        if local is not None:
+            local.inbox = self.inbox
+        self._unsent: list[tuple[Any, torch.Tensor]] = []
+
+    def remote_workers(self) -> list[int]:
+        local = self.local.worker if self.local is not None else -1
+        return [w for w in range(self.server.num_workers) if w != local]
+
+    # ------------------------------------------------------------ receiving
+    def _receive_loop(self) -> None:
+        """Thread: network -> inbox, until every remote worker said BYE or receiving fails."""
+        remaining = set(self.remote_workers())
+        while remaining:
+            try:
+                item = self.channels.receive()
+            except Exception as exc:  # a peer died, a payload did not come, the group timed out
+                self.inbox.put(_Failed(exc))
+                return
+            if isinstance(item, Message) and item.header.op == Op.BYE:
+                remaining.discard(item.source)
+            self.inbox.put(item)
+
+    # ------------------------------------------------------------ serving
+    def serve(self) -> None:
+        """Answer requests until every worker is done; raise naming who went silent."""
+        server = self.server
+        thread = None
+        if self.remote_workers():
+            thread = threading.Thread(target=self._receive_loop, name="ps-receive", daemon=True)
+            thread.start()
+        last_heard = time.monotonic()
+        while not all(server.finished):
+            now = time.monotonic()
+            deadline = server.next_deadline()
+            wait = min(1.0, max(0.0, deadline - now) if deadline is not None else 1.0)
+            try:
+                item = self.inbox.get(timeout=max(wait, 0.01))
+            except queue.Empty:
+                item = None
+            now = time.monotonic()
+            if self.on_tick is not None:
+                self.on_tick(server)
+            self._reap()
+            if item is None:
+                self._send_all(server.expire(now))
+                silent = now - max(last_heard, self.channels.heard) > self.timeout_s
+                if silent and not self.channels.reading:
+                    expected = [w for w, done in enumerate(server.finished) if not done]
+                    raise PeerTimeout(
+                        f"server {server.index}: no request from any worker for "
+                        f"{self.timeout_s:g} s (faults.timeout_s); still expected: workers "
+                        f"{expected}"
+                    )
+                continue
+            last_heard = now
+            if isinstance(item, _Failed):
+                if isinstance(item.error, PeerTimeout):
+                    raise item.error
+                raise PeerTimeout(
+                    f"server {server.index}: receiving from the workers failed: "
+                    f"{describe_failure(item.error)}"
+                )
+            if isinstance(item, Rejected):
+                replies = self._rejected(item, now)
+            else:
+                try:
+                    replies = server.receive(item, now)
+                except WireError as exc:  # names no worker or no request: answered at once
+                    replies = self._rejected(Rejected(item.source, item.header, str(exc)), now)
+            self._send_all(replies + server.expire(now))
+        if thread is not None:
+            thread.join(timeout=self.timeout_s)
+        self._flush()
+
+    def _rejected(self, item: Rejected, now: float) -> list[Reply]:
+        """A worker's own request in an open channel is refused in its turn (by the shard);
+        anything else is answered at once, to the rank that sent it (a push or a goodbye
+        expects no answer). A worker whose channel is closed is refused by the shard too,
+        so that a pull held for it names the reason."""
+        server, header, source = self.server, item.header, item.source
+        worker = 0 <= source < server.num_workers
+        if item.closed and worker:
+            server.refused.setdefault(source, item.reason)
+        own = header is not None and header.op in REQUESTS and header.sender == source
+        if own and worker and not item.closed:
+            assert header is not None
+            return server.reject(header, item.reason, now)
+        server.stats.rejected += 1
+        self.log.warning(
+            "server %d: rejected a message from rank %d: %s", server.index, source, item.reason
+        )
+        if header is not None and header.op in (Op.PUSH, Op.BYE):
+            return []
+        request = header if header is not None else Header(Op.ERROR, source, 0, seq=item.seq)
+        return [error_reply(server.index, source, request, item.reason)]
+
+    # ------------------------------------------------------------ replying
+    def _send_all(self, replies: list[Reply]) -> None:
+        for reply in replies:
+            if self.local is not None and reply.worker == self.local.worker:
+                self.local.replies.put(reply)
+                continue
+            self._send(reply)
+
+    def _send(self, reply: Reply) -> None:
+        """Header and values: the worker posted their receives with its request, so these
+        complete at once (waited, with the timeout). A blob's receive is posted after the
+        worker reads the header, and an error goes to a rank that may not read it at all:
+        those are left in flight, and checked as they complete."""
+        header = reply.header
+        header.blob_len = len(reply.blob)
+        sends = [(Tag.REPLY_HEADER, header.tensor())]
+        if reply.values is not None and reply.values.numel():
+            sends.append((Tag.REPLY_VALUES, reply.values.contiguous()))
+        if reply.blob:
+            blob = torch.frombuffer(bytearray(reply.blob), dtype=torch.uint8)
+            sends.append((Tag.REPLY_BLOB, blob))
+        wait = header.op != Op.ERROR
+        try:
+            for tag, tensor in sends:
+                work = dist.isend(tensor, reply.worker, group=self.group, tag=tag)
+                assert work is not None, "this rank is not in the servers' group"
+                if wait and tag != Tag.REPLY_BLOB:
+                    work.wait(datetime.timedelta(seconds=self.timeout_s))
+                else:
+                    self._unsent.append((work, tensor))
+        except Exception as exc:
+            raise PeerTimeout(
+                f"server {self.server.index}: sending a reply to worker {reply.worker} failed: "
+                f"{describe_failure(exc)}"
+            ) from exc
+
+    def _reap(self) -> None:
+        """Forget the sends in flight that completed (their buffers may be freed)."""
+        if self._unsent:
+            self._unsent = [(w, t) for w, t in self._unsent if not w.is_completed()]
+
+    def _flush(self) -> None:
+        for work, _ in self._unsent:
+            try:
+                work.wait(datetime.timedelta(seconds=min(self.timeout_s, 10.0)))
+            except Exception as exc:  # the worker failed on its own: its report says why
+                self.log.warning(
+                    "server %d: a reply was not delivered: %s",
+                    self.server.index,
+                    describe_failure(exc),
+                )
+        self._unsent.clear()
