@@ -62,7 +62,7 @@ CASES: list[tuple[str, str, list[str], str]] = [
         "dotted path: no such module",
         GOOD + CUSTOM.replace("shoal_local_sgd.strategy", "shoal_local_sdg.strategy"),
         [],
-        "bad.toml:11: strategy.class: shoal_local_sdg.strategy:LocalSGDStrategy: cannot import "
+        "bad.toml:10: strategy.class: shoal_local_sdg.strategy:LocalSGDStrategy: cannot import "
         "it: no module named 'shoal_local_sdg' (put its folder on PYTHONPATH or install its "
         "package)",
     ),
@@ -70,7 +70,7 @@ CASES: list[tuple[str, str, list[str], str]] = [
         "dotted path: not a strategy",
         GOOD + CUSTOM.replace("strategy:LocalSGDStrategy", "config:LocalSGDConfig"),
         [],
-        "bad.toml:11: strategy.class: shoal_local_sgd.config:LocalSGDConfig is not a subclass "
+        "bad.toml:10: strategy.class: shoal_local_sgd.config:LocalSGDConfig is not a subclass "
         "of shoal.strategies.base.Strategy",
     ),
 ]
