@@ -65,6 +65,7 @@ TASKS = PluginRegistry(
                 "shoal.tasks.kge.task:KGETask",
                 "shoal.tasks.kge.config:KGETaskConfig",
             ),
+            ("lm", "shoal.tasks.lm.task:LMTask", "shoal.tasks.lm.config:LMTaskConfig"),
         ),
     )
 )

@@ -357,17 +357,21 @@ class Trainer:
             "train_size": self.task.train_size,
         }
         if manager is not None:
-            path = manager.save(p.global_step, state, meta, self._checkpoint_files)
+            path = manager.save(p.global_step, state, meta, self._all_checkpoint_files)
             if path is not None:
                 self.best_checkpoint = path
                 self.metrics.write({"event": "best", "step": p.global_step, "path": str(path)})
             return
-        path = self.checkpoints.save(p.global_step, state, meta, self._checkpoint_files)
+        path = self.checkpoints.save(p.global_step, state, meta, self._all_checkpoint_files)
         self._saved_step = p.global_step
         if path is not None:
             self.last_checkpoint = path
             self.metrics.write({"event": "checkpoint", "step": p.global_step, "path": str(path)})
             ctx.log.info("checkpoint written: %s", path)
+
+    def _all_checkpoint_files(self, folder: Path) -> dict[str, str]:
+        """Rank 0: the task's files and the strategy's, written into a checkpoint folder."""
+        return {**self.task.checkpoint_files(folder), **self._checkpoint_files(folder)}
 
     def _checkpoint_files(self, folder: Path) -> dict[str, str]:
         """Rank 0, while a checkpoint folder is assembled: write files of the strategy's own
