@@ -21,7 +21,7 @@ def _train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from shoal.api import train
-    from shoal.launch.process_group import launched_by_torchrun
+    from shoal.launch.environment import external_launch
     from shoal.monitor.summary import print_summary
 
     results = train(
@@ -32,7 +32,8 @@ def _train(args: argparse.Namespace) -> int:
         force=args.force,
         allow_changes=args.allow_changes,
     )
-    if launched_by_torchrun() and os.environ.get("RANK", "0") != "0":
+    launch = external_launch()
+    if launch is not None and launch.placement.rank != 0:
         return EXIT_OK  # rank 0 prints the summary
     console = Console()
     print_summary(results, console)
@@ -175,11 +176,13 @@ def main(argv: Sequence[str] | None = None) -> int:
 def entry() -> None:
     """The `shoal` command and `python -m shoal`."""
     code = main()
-    if "RANK" in os.environ:  # maybe a torchrun worker; only then is torch worth importing here
-        from shoal.launch.process_group import exit_process, launched_by_torchrun
+    # only a torchrun worker or a Slurm task may need exit_process: torch is imported then only
+    if "RANK" in os.environ or "SLURM_PROCID" in os.environ:
+        from shoal.launch.environment import external_launch
+        from shoal.launch.process_group import exit_process
 
-        if launched_by_torchrun():
-            exit_process(code)  # a torchrun worker: see exit_process for why it skips finalization
+        if external_launch() is not None:
+            exit_process(code)  # a torchrun or srun task: exit_process says why
     sys.exit(code)
 
 

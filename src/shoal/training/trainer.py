@@ -264,6 +264,16 @@ class Trainer:
         )
         self._evaluated_step = p.global_step
         self._track_best()
+        self._observe_for_schedule()
+
+    def _observe_for_schedule(self) -> None:
+        """Hand the validation value of the primary metric to the learner's schedule
+        (lr_decay = "plateau" lowers the rate on it)."""
+        splits = self.task.eval_splits()
+        name, direction = self.task.primary_metric
+        value = self.last_eval.get(splits[0], {}).get(name) if splits else None
+        if value is not None:
+            self.learner.observe_metric(value, direction)
 
     # ---------------------------------------------------------------- model selection
     def _track_best(self) -> None:

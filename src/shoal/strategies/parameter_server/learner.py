@@ -241,6 +241,10 @@ class ServerLearner:
             skipped=skipped,
         )
 
+    def observe_metric(self, value: float, direction: str) -> None:
+        """The servers' learning rate is constant (a schedule is refused by the config)."""
+        return None
+
     def state_dict(self) -> dict[str, Any]:
         """The tables are in the servers' shard files; the worker has nothing of its own."""
         return {"model": {}}

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from torch import nn
 
 from shoal.config.root import ShoalConfig
+from shoal.errors import ConfigError
 from shoal.strategies.base import Strategy
 from shoal.strategies.population.config import PopulationStrategyConfig
 from shoal.strategies.population.hyperparams import check_search_space
@@ -42,6 +43,12 @@ class PopulationStrategy(Strategy):
         """The search space names hyperparameters this optimizer and task have; the metric's
         direction is known."""
         assert isinstance(config.strategy, PopulationStrategyConfig)
+        if config.train.lr_decay == "plateau":
+            raise ConfigError(
+                'train.lr_decay = "plateau" follows the trainer\'s validation, which population '
+                "members do not run; use constant, linear or cosine (and tune lr in the search "
+                "space)"
+            )
         check_search_space(config)
         resolve_metric(config.strategy, _task_class(config.task))
 
