@@ -8,7 +8,7 @@ import typing
 
 import pytest
 
-from shoal.plugins.kinds import KINDS, STRATEGIES, TASKS
+from shoal.plugins.kinds import KGE_LOSSES, KGE_MODELS, KINDS, STRATEGIES, TASKS
 from shoal.plugins.registry import PluginError
 
 
@@ -20,7 +20,11 @@ def test_every_builtin_is_named_by_its_config_tag(registry) -> None:  # type: ig
         assert plugin.doc(), f"{name}: its config class needs a docstring (shoal plugins shows it)"
 
 
-@pytest.mark.parametrize("registry", [STRATEGIES, TASKS], ids=["strategies", "tasks"])
+@pytest.mark.parametrize(
+    "registry",
+    [STRATEGIES, TASKS, KGE_MODELS, KGE_LOSSES],
+    ids=["strategies", "tasks", "kge_models", "kge_losses"],
+)
 def test_every_builtin_class_names_its_config(registry) -> None:  # type: ignore[no-untyped-def]
     for plugin in registry.plugins.values():
         assert plugin.load().config_class is plugin.config_class()

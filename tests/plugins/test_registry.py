@@ -94,6 +94,47 @@ KINDS: dict[str, tuple[str, str, str, str]] = {
             knob: int = Field(1, ge=1, description="A knob only this plugin has.")
         """,
     ),
+    "kge_models": (
+        "shoal.kge_models",
+        "thing",
+        """
+        from shoal.tasks.kge.models import DistMult
+        from plug_kge_models_config import ThingConfig
+
+        class Thing(DistMult):
+            config_class = ThingConfig
+        """,
+        """
+        from shoal.tasks.kge.model_config import ModelOptions
+
+        class ThingConfig(ModelOptions):
+            '''A KG model made in a test.'''
+            implementation: ClassVar[str] = "plug_kge_models:Thing"
+            type: Literal["thing"] = "thing"
+            init_scale: float = 1.0
+            knob: int = Field(1, ge=1, description="A knob only this plugin has.")
+        """,
+    ),
+    "kge_losses": (
+        "shoal.kge_losses",
+        "thing",
+        """
+        from shoal.tasks.kge.losses import SoftmaxLoss
+        from plug_kge_losses_config import ThingConfig
+
+        class Thing(SoftmaxLoss):
+            config_class = ThingConfig
+        """,
+        """
+        from shoal.tasks.kge.loss_config import LossOptions
+
+        class ThingConfig(LossOptions):
+            '''A KG loss made in a test.'''
+            implementation: ClassVar[str] = "plug_kge_losses:Thing"
+            kind: Literal["thing"] = "thing"
+            knob: int = Field(1, ge=1, description="A knob only this plugin has.")
+        """,
+    ),
 }
 
 HEADER = (

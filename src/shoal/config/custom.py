@@ -102,6 +102,15 @@ def custom_section(registry: PluginRegistry) -> type[ConfigModel]:
     return CustomConfig
 
 
+def section_class(registry: PluginRegistry, section: Any) -> Any:
+    """The implementation a validated `[strategy]` / `[task]` section names (or a name):
+    its `type`, or with `type = "custom"` the class of its dotted path."""
+    name = section if isinstance(section, str) else section.type
+    if name == "custom":
+        return custom_plugin(registry, section.class_).load()
+    return registry.load(name)
+
+
 def own_config(section: Any) -> Any:
     """A plugin's own validated config: the `[strategy]` / `[task]` section itself, or its
     `config` table when the section is `type = "custom"`. Plugins read their settings here,

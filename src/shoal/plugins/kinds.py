@@ -127,5 +127,50 @@ COMPRESSORS = PluginRegistry(
     )
 )
 
-KINDS: tuple[PluginRegistry, ...] = (STRATEGIES, TASKS, AGGREGATORS, COMPRESSORS)
+_KGE = "shoal.tasks.kge"
+
+KGE_MODELS = PluginRegistry(
+    Kind(
+        "kge_models",
+        "kge model",
+        "type",
+        f"{_KGE}.models:KGEModel",
+        (
+            ("transe", f"{_KGE}.models:TransE", f"{_KGE}.model_config:TransEConfig"),
+            ("distmult", f"{_KGE}.models:DistMult", f"{_KGE}.model_config:DistMultConfig"),
+            ("complex", f"{_KGE}.models:ComplEx", f"{_KGE}.model_config:ComplExConfig"),
+            ("rotate", f"{_KGE}.models:RotatE", f"{_KGE}.model_config:RotatEConfig"),
+        ),
+        config_base=f"{_KGE}.model_config:ModelOptions",
+    )
+)
+
+KGE_LOSSES = PluginRegistry(
+    Kind(
+        "kge_losses",
+        "kge loss",
+        "kind",
+        f"{_KGE}.losses:KGELoss",
+        (
+            (
+                "margin_ranking",
+                f"{_KGE}.losses:MarginRankingLoss",
+                f"{_KGE}.loss_config:MarginRankingLossConfig",
+            ),
+            ("logistic", f"{_KGE}.losses:LogisticLoss", f"{_KGE}.loss_config:LogisticLossConfig"),
+            ("softmax", f"{_KGE}.losses:SoftmaxLoss", f"{_KGE}.loss_config:SoftmaxLossConfig"),
+            ("bce", f"{_KGE}.losses:BCELoss", f"{_KGE}.loss_config:BCELossConfig"),
+        ),
+        config_base=f"{_KGE}.loss_config:LossOptions",
+    )
+)
+
+KINDS: tuple[PluginRegistry, ...] = (
+    STRATEGIES,
+    TASKS,
+    AGGREGATORS,
+    COMPRESSORS,
+    KGE_MODELS,
+    KGE_LOSSES,
+)
 """Every registry, in the order `shoal plugins` lists them."""

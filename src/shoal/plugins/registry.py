@@ -53,6 +53,9 @@ class Kind:
     tag: str  #: the discriminator of its config union: type, method or kind
     base: str | None  #: "module:Class" every implementation must subclass (None: any class)
     builtins: tuple[tuple[str, str, str], ...]  #: (name, implementation, config class)
+    #: "module:Class" every config model must subclass (None: any pydantic model): the
+    #: options every member shares, which the code around it reads (a KG model's `reciprocal`)
+    config_base: str | None = None
 
     @property
     def group(self) -> str:
@@ -138,6 +141,14 @@ class Plugin:
                     raise self._fail(
                         f"{self.target} needs a `config_class` attribute naming a pydantic "
                         f"model (a shoal.config.base.ConfigModel), got {model!r}"
+                    )
+            if self.kind.config_base is not None:
+                base = import_target(self.kind.config_base)
+                if not issubclass(model, base):
+                    raise self._fail(
+                        f"its config class {model.__name__} must subclass "
+                        f"{base.__module__}.{base.__qualname__} (the options every "
+                        f"{self.kind.noun} takes)"
                     )
             self._config = model
         return self._config

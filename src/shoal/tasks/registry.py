@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.config.custom import custom_plugin
+from shoal.config.custom import section_class
 from shoal.plugins.kinds import TASKS
 from shoal.runtime.context import WorkerContext
 from shoal.tasks.base import Task
@@ -12,10 +12,7 @@ from shoal.tasks.base import Task
 
 def task_class(section: Any) -> type[Task]:
     """The class of a validated `[task]` section (or of a task name)."""
-    name = section if isinstance(section, str) else section.type
-    if name == "custom":
-        return custom_plugin(TASKS, section.class_).load()
-    cls: type[Task] = TASKS.load(name)
+    cls: type[Task] = section_class(TASKS, section)
     return cls
 
 
