@@ -60,9 +60,11 @@ def final_state(results: dict[str, Any]) -> dict[str, Any]:
     return torch.load(Path(results["checkpoint"]) / "state.pt", weights_only=True)
 
 
-def run_shoal(*args: str, cwd: Path, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    """`python -m shoal ARGS` in a fresh process, as a user runs it."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200")
+def run_shoal(
+    *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`python -m shoal ARGS` in a fresh process, as a user runs it (`env`: extra variables)."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", **(env or {}))
     return subprocess.run(
         [sys.executable, "-m", "shoal", *args],
         cwd=cwd,

@@ -98,16 +98,21 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 def _rules(config: ShoalConfig) -> tuple[list[str], list[str]]:
     """(safe, incompatible) field patterns for this config's task and strategy."""
     from shoal.strategies.registry import strategy_class  # the registries import checkpoint
-    from shoal.tasks.registry import TASKS
+    from shoal.tasks.registry import task_class
 
     safe, incompatible = list(ROOT_SAFE), list(ROOT_INCOMPATIBLE)
-    strategy = strategy_class(config.strategy.type)
-    task = TASKS.get(config.task.type)
-    for prefix, owner in (("strategy", strategy), ("task", task)):
+    strategy = strategy_class(config.strategy)
+    task = task_class(config.task)
+    # a plugin named by dotted path (type = "custom") keeps its settings one table down
+    sections = {
+        name: f"{name}.config" if getattr(config, name).type == "custom" else name
+        for name in ("strategy", "task")
+    }
+    for prefix, owner in ((sections["strategy"], strategy), (sections["task"], task)):
         safe += [f"{prefix}.{p}" for p in getattr(owner, "resume_safe", ())]
         incompatible += [f"{prefix}.{p}" for p in getattr(owner, "resume_incompatible", ())]
     if strategy.workers_field is not None:  # a different worker count re-shards the work
-        safe.append(f"strategy.{strategy.workers_field}")
+        safe.append(f"{sections['strategy']}.{strategy.workers_field}")
     return safe, incompatible
 
 

@@ -1,4 +1,4 @@
-"""`shoal train`, `shoal generate`, `shoal config validate|schema|show`.
+"""`shoal train`, `shoal generate`, `shoal config validate|schema|show`, `shoal plugins`.
 
 User errors print one line each (what, where, how to fix) and exit 2, without a
 traceback; a failed job exits 1 with the rank and error that caused it; a run
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Sequence
 
@@ -49,7 +50,7 @@ def _validate(args: argparse.Namespace) -> int:
     from shoal.strategies.registry import strategy_class
 
     config = load_config(args.file, args.set)
-    strategy = strategy_class(config.strategy.type)
+    strategy = strategy_class(config.strategy)
     strategy.check(config)
     world = strategy.world_size(config)
     print(
@@ -70,6 +71,13 @@ def _show(args: argparse.Namespace) -> int:
     from shoal.config import dump_config, load_config
 
     sys.stdout.write(dump_config(load_config(args.file, args.set)))
+    return EXIT_OK
+
+
+def _plugins(args: argparse.Namespace) -> int:
+    from shoal.plugins.listing import plugin_lines
+
+    print("\n".join(plugin_lines()))
     return EXIT_OK
 
 
@@ -143,6 +151,11 @@ def build_parser() -> argparse.ArgumentParser:
     show.set_defaults(handler=_show)
     schema = config_commands.add_parser("schema", help="print the JSON Schema of configs")
     schema.set_defaults(handler=_schema)
+
+    plugins = commands.add_parser(
+        "plugins", help="list the strategies, tasks, aggregation methods... that are registered"
+    )
+    plugins.set_defaults(handler=_plugins)
     return parser
 
 
@@ -162,12 +175,14 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> None:
     """The `shoal` command and `python -m shoal`."""
-    from shoal.launch.environment import external_launch
-    from shoal.launch.process_group import exit_process
-
     code = main()
-    if external_launch() is not None:
-        exit_process(code)  # a torchrun or srun task: exit_process says why
+    # only a torchrun worker or a Slurm task may need exit_process: torch is imported then only
+    if "RANK" in os.environ or "SLURM_PROCID" in os.environ:
+        from shoal.launch.environment import external_launch
+        from shoal.launch.process_group import exit_process
+
+        if external_launch() is not None:
+            exit_process(code)  # a torchrun or srun task: exit_process says why
     sys.exit(code)
 
 

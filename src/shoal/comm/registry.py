@@ -1,41 +1,42 @@
-"""Aggregation methods and compressors by name, and building one from its config."""
+"""Building an aggregator from its `[strategy.aggregation]` config, compression included.
+
+The methods and compressors are plugins (`shoal.plugins.kinds`): shoal's own and
+any installed under the `shoal.aggregators` / `shoal.compressors` entry points.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
-from shoal.comm.aggregators import Aggregator, BlockingAggregator, NativeAllReduce
-from shoal.comm.compression.base import CompressedAggregator, Compressor
-from shoal.comm.compression.cast import BFloat16Cast, Float16Cast
-from shoal.comm.compression.powersgd import PowerSGDCompressor
-from shoal.comm.compression.sparse import RandomKCompressor, TopKCompressor
-from shoal.comm.hierarchical import HierarchicalAllReduce
+from shoal.comm.aggregators import Aggregator, BlockingAggregator
+from shoal.comm.compression.base import CompressedAggregator
 from shoal.comm.links import CommGroup
-from shoal.comm.parameter_server import ParameterServerAllReduce
-from shoal.comm.ring import RingAllReduce
-from shoal.comm.tree import TreeAllReduce
-from shoal.registry import Registry
+from shoal.plugins.kinds import AGGREGATORS as _METHODS
+from shoal.plugins.kinds import COMPRESSORS
+from shoal.plugins.registry import PluginRegistry
 
-#: methods that sum buckets exactly (gossip, which averages parameters instead, is apart)
-AGGREGATORS: Registry[type[BlockingAggregator]] = Registry("aggregation method")
-for _method in (
-    NativeAllReduce,
-    RingAllReduce,
-    TreeAllReduce,
-    HierarchicalAllReduce,
-    ParameterServerAllReduce,
-):
-    AGGREGATORS.add(_method.method, _method)
 
-COMPRESSORS: Registry[type[Compressor]] = Registry("compression kind")
-for _compressor in (
-    TopKCompressor,
-    RandomKCompressor,
-    Float16Cast,
-    BFloat16Cast,
-    PowerSGDCompressor,
-):
-    COMPRESSORS.add(_compressor.kind, _compressor)
+class _ExactMethods:
+    """The aggregation methods that sum buckets exactly (gossip averages parameters: apart)."""
+
+    def __init__(self, methods: PluginRegistry) -> None:
+        self.methods = methods
+
+    def names(self) -> list[str]:
+        return [n for n in self.methods if issubclass(self.methods.load(n), BlockingAggregator)]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self.names())
+
+    def get(self, name: str) -> type[BlockingAggregator]:
+        cls: type[BlockingAggregator] = self.methods.load(name)
+        return cls
+
+
+AGGREGATORS = _ExactMethods(_METHODS)
+
+__all__ = ["AGGREGATORS", "COMPRESSORS", "build_aggregator"]
 
 
 def build_aggregator(config: Any, links: CommGroup) -> Aggregator:
@@ -44,4 +45,5 @@ def build_aggregator(config: Any, links: CommGroup) -> Aggregator:
     compression = getattr(config, "compression", None)
     if compression is None:
         return method
-    return CompressedAggregator(COMPRESSORS.get(compression.kind).from_config(compression), method)
+    compressor = COMPRESSORS.load(compression.kind).from_config(compression)
+    return CompressedAggregator(compressor, method)

@@ -2,15 +2,18 @@
 
 A union discriminated by `method`; the exact methods accept a
 `[strategy.aggregation.compression]` table, a union discriminated by `kind`.
+Both unions are assembled from the plugin registries (`shoal.plugins.kinds`),
+so an installed aggregator or compressor plugin is accepted here too.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from shoal.config.base import ConfigModel
+from shoal.config.base import ConfigModel, FieldError
+from shoal.plugins.kinds import AGGREGATORS, COMPRESSORS
 
 
 class TopKCompressionConfig(ConfigModel):
@@ -30,6 +33,16 @@ class TopKCompressionConfig(ConfigModel):
         description="Deep Gradient Compression's momentum, applied before sparsification "
         "(0: off). Use it with optimizer sgd and momentum = 0.",
     )
+
+    def check(self, config: Any) -> None:
+        """Deep Gradient Compression applies momentum before sparsification: not a second time."""
+        optimizer = config.train.optimizer
+        if self.momentum_correction and not (optimizer.kind == "sgd" and optimizer.momentum == 0):
+            raise FieldError(
+                ("train",),
+                "strategy.aggregation.compression.momentum_correction applies momentum before "
+                'sparsification: use optimizer kind = "sgd" with momentum = 0',
+            )
 
     @model_validator(mode="after")
     def _momentum_needs_feedback(self) -> TopKCompressionConfig:
@@ -76,14 +89,11 @@ class PowerSGDCompressionConfig(ConfigModel):
     seed: int = Field(0, ge=0, description="Seed of the initial factors, shared by all ranks.")
 
 
-CompressionConfig = Annotated[
-    TopKCompressionConfig
-    | RandomKCompressionConfig
-    | Float16CompressionConfig
-    | BFloat16CompressionConfig
-    | PowerSGDCompressionConfig,
-    Field(discriminator="kind"),
-]
+# every compressor registered (shoal's own above, and plugins), discriminated by `kind`
+if TYPE_CHECKING:
+    CompressionConfig = Any
+else:
+    CompressionConfig = COMPRESSORS.config_union()
 
 _COMPRESSION_HELP = (
     "Gradient compression, composable with this method: kind = topk | randomk | fp16 | bf16 | "
@@ -91,28 +101,37 @@ _COMPRESSION_HELP = (
 )
 
 
-class NativeAggregationConfig(ConfigModel):
+class _ExactMethod(ConfigModel):
+    """An exact aggregation method, which may carry a compressor with rules of its own."""
+
+    def check(self, config: Any) -> None:
+        compression = getattr(self, "compression", None)
+        if compression is not None:
+            compression.check(config)
+
+
+class NativeAggregationConfig(_ExactMethod):
     """The backend's own all-reduce (gloo or NCCL)."""
 
     method: Literal["native"] = "native"
     compression: CompressionConfig | None = Field(None, description=_COMPRESSION_HELP)
 
 
-class RingAggregationConfig(ConfigModel):
+class RingAggregationConfig(_ExactMethod):
     """Ring all-reduce: chunked reduce-scatter + all-gather, bandwidth-optimal."""
 
     method: Literal["ring"] = "ring"
     compression: CompressionConfig | None = Field(None, description=_COMPRESSION_HELP)
 
 
-class TreeAggregationConfig(ConfigModel):
+class TreeAggregationConfig(_ExactMethod):
     """Recursive doubling: log2(n) rounds, latency-optimal for small buckets."""
 
     method: Literal["tree"] = "tree"
     compression: CompressionConfig | None = Field(None, description=_COMPRESSION_HELP)
 
 
-class HierarchicalAggregationConfig(ConfigModel):
+class HierarchicalAggregationConfig(_ExactMethod):
     """Reduce inside groups of ranks, all-reduce among group leaders, broadcast inside groups."""
 
     method: Literal["hierarchical"] = "hierarchical"
@@ -125,7 +144,7 @@ class HierarchicalAggregationConfig(ConfigModel):
     compression: CompressionConfig | None = Field(None, description=_COMPRESSION_HELP)
 
 
-class ParameterServerAggregationConfig(ConfigModel):
+class ParameterServerAggregationConfig(_ExactMethod):
     """Ranks 0..num_servers-1 each own a slice of the gradient: push, sum, pull."""
 
     method: Literal["parameter_server"] = "parameter_server"
@@ -174,12 +193,8 @@ class GossipAggregationConfig(ConfigModel):
         return value
 
 
-AggregationConfig = Annotated[
-    NativeAggregationConfig
-    | RingAggregationConfig
-    | TreeAggregationConfig
-    | HierarchicalAggregationConfig
-    | ParameterServerAggregationConfig
-    | GossipAggregationConfig,
-    Field(discriminator="method"),
-]
+# every aggregation method registered (shoal's own above, and plugins), by `method`
+if TYPE_CHECKING:
+    AggregationConfig = Any
+else:
+    AggregationConfig = AGGREGATORS.config_union()

@@ -19,6 +19,15 @@ class ConfigModel(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
 
+    def check(self, config: Any) -> None:
+        """Rules between this section and the rest of the job (`config`, the whole validated
+        ShoalConfig): raise `FieldError` with the path, from the top, of the field to blame.
+
+        Run once every section is valid, for the `[strategy]` and `[task]` sections; a
+        section passes it on to its parts that have rules of their own (data_parallel to
+        its aggregation, which passes it to its compression). One place per plugin, so
+        the top-level config never looks inside a section it does not own."""
+
 
 def _resolve_existing_file(value: str, info: ValidationInfo) -> str:
     """Resolve a path against the config file's folder and require that it exists.
@@ -67,3 +76,41 @@ def fill_default_tag(data: Any, field: str, tag: str, default: str) -> Any:
     if isinstance(data, dict) and isinstance(data.get(field), dict) and tag not in data[field]:
         return {**data, field: {tag: default, **data[field]}}
     return data
+
+
+class FieldError(ValueError):
+    """A rule broken at a field *below* the validator that found it.
+
+    A model's validator (or a plugin's `check`) that sees a problem in one of its
+    fields, or in the section of another, raises this with the path of that field
+    from the model being validated (`("class",)`, `("config", "k")`): the error
+    message then names that field and its line, not the whole table. `errors`
+    carries a nested model's own validation errors (their `loc` relative to `path`).
+    """
+
+    def __init__(
+        self, path: tuple[str | int, ...], message: str, errors: list[Any] | None = None
+    ) -> None:
+        super().__init__(message)
+        self.path = path
+        self.errors = errors or []
+
+
+def field_key(name: str, info: FieldInfo) -> str:
+    """The key a field is written as in TOML: its alias when it has one (`class`)."""
+    return info.alias or name
+
+
+def fields_by_key(model: type[BaseModel]) -> dict[str, FieldInfo]:
+    """A model's fields by the key a config file writes them as."""
+    return {field_key(name, info): info for name, info in model.model_fields.items()}
+
+
+class StrategySection(ConfigModel):
+    """The base of `[strategy]` sections whose strategy runs shoal's shared training loop."""
+
+    def check(self, config: Any) -> None:
+        """The shared loop needs a length: epochs, max_steps or both."""
+        train = config.train
+        if train.epochs is None and train.max_steps is None:
+            raise FieldError(("train",), "set epochs or max_steps (or both: whichever comes first)")

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from shoal.config.base import FieldError, fields_by_key
 from shoal.config.schema_walk import model_at, union_tags
 
 _HEADER = re.compile(r"^\s*\[\[?\s*([^\]\[]+?)\s*\]\]?\s*(#.*)?$")
@@ -93,7 +94,7 @@ def dotted(path: Sequence[str | int]) -> str:
 
 def _allowed_keys(root: type[BaseModel], table: Sequence[str | int], data: Any) -> list[str]:
     model = model_at(root, table, data)
-    return sorted(model.model_fields) if model is not None else []
+    return sorted(fields_by_key(model)) if model is not None else []
 
 
 def _message(error: Any, path: list[str | int], root: type[BaseModel], data: Any) -> str:
@@ -158,7 +159,7 @@ def format_errors(
     """One line per problem: `[file:line: ]path: message`."""
     key_lines = locate_keys(text) if text else {}
     out: list[str] = []
-    for item in error.errors(include_url=False):
+    for item in _expand(error.errors(include_url=False)):
         path = _clean_path(item["loc"], data, root)
         kind = item["type"]
         if kind in ("union_tag_invalid", "union_tag_not_found"):
@@ -175,4 +176,23 @@ def format_errors(
             )
             where = f"{source}:{line}: " if line else f"{source}: "
         out.append(f"{where}{dotted(path) or '(top level)'}: {_message(item, path, root, data)}")
+    return out
+
+
+def _expand(errors: Sequence[Any]) -> list[Any]:
+    """Errors raised as `FieldError`s point below where they were raised: move them there.
+
+    A FieldError carrying a nested model's errors (a plugin's own config) becomes
+    those errors, each at its own path under the field."""
+    out: list[Any] = []
+    for item in errors:
+        found = (item.get("ctx") or {}).get("error")
+        if item["type"] != "value_error" or not isinstance(found, FieldError):
+            out.append(item)
+            continue
+        loc = (*item["loc"], *found.path)
+        if not found.errors:
+            out.append({**item, "loc": loc, "ctx": {"error": str(found)}})
+            continue
+        out.extend({**inner, "loc": (*loc, *inner["loc"])} for inner in _expand(found.errors))
     return out

@@ -1,34 +1,41 @@
-"""The whole job description: one model per TOML section."""
+"""The whole job description: one model per TOML section.
+
+`[task]` and `[strategy]` are unions of the config models of every registered
+task and strategy (`shoal.plugins.kinds`: shoal's own and installed plugins),
+discriminated by `type`; config never imports a strategy or a task itself.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Any
 
-from pydantic import Field, ValidationInfo, field_validator
+from pydantic import Field, model_validator
 
 from shoal.config.base import ConfigModel
+from shoal.config.custom import custom_section, own_config
 from shoal.config.sections import CheckpointConfig, FaultsConfig, MonitorConfig, RunConfig
-from shoal.config.strategy import LocalStrategyConfig, StrategyConfig
-from shoal.config.train import SGDConfig, TrainConfig
-from shoal.tasks.classification.config import ClassificationTaskConfig
-from shoal.tasks.kge.config import KGETaskConfig
-from shoal.tasks.lm.config import LMTaskConfig
+from shoal.config.train import TrainConfig
+from shoal.plugins.kinds import STRATEGIES, TASKS
 
-# Further tasks join this union, discriminated by `type`.
-TaskConfig = Annotated[
-    ClassificationTaskConfig | KGETaskConfig | LMTaskConfig, Field(discriminator="type")
-]
+if TYPE_CHECKING:  # assembled at run time: a plugin's section is any model with a `type`
+    TaskConfig = Any
+    StrategyConfig = Any
+else:
+    TaskConfig = TASKS.config_union(custom_section(TASKS))
+    StrategyConfig = STRATEGIES.config_union(custom_section(STRATEGIES))
+_LOCAL = STRATEGIES.get("local").config_class()
+
+
+def _strategy_help() -> str:
+    names = " | ".join(STRATEGIES.names())
+    return f'How the work is distributed: type = {names}, or "custom" with class = "module:Class".'
 
 
 class ShoalConfig(ConfigModel):
     """A training job: what to train ([task]), how to distribute it ([strategy]), how long."""
 
     task: TaskConfig = Field(..., description="What is trained: model, data and loss.")
-    strategy: StrategyConfig = Field(
-        default_factory=LocalStrategyConfig,
-        description="How the work is distributed: type = local | data_parallel | federated "
-        "| population_based.",
-    )
+    strategy: StrategyConfig = Field(default_factory=_LOCAL, description=_strategy_help())
     train: TrainConfig = Field(..., description="Optimization: steps, batch, optimizer.")
     checkpoint: CheckpointConfig = Field(
         default_factory=CheckpointConfig, description="When checkpoints are written."
@@ -39,40 +46,11 @@ class ShoalConfig(ConfigModel):
         default_factory=FaultsConfig, description="Timeouts and fault injection."
     )
 
-    # Rules that span sections. A strategy config may define `check_train(train)` and
-    # `check_faults(faults)` (raising ValueError) for rules of its own; the message is
-    # then reported at `train` or `faults`.
-    @field_validator("train")
-    @classmethod
-    def _training_length(cls, train: TrainConfig, info: ValidationInfo) -> TrainConfig:
-        if "strategy" not in info.data:
-            return train  # the strategy is invalid: its own error says so
-        check = getattr(info.data["strategy"], "check_train", None)
-        if check is not None:
-            check(train)
-        elif train.epochs is None and train.max_steps is None:
-            raise ValueError("set epochs or max_steps (or both: whichever comes first)")
-        return train
-
-    @field_validator("faults")
-    @classmethod
-    def _strategy_faults(cls, faults: FaultsConfig, info: ValidationInfo) -> FaultsConfig:
-        check = getattr(info.data.get("strategy"), "check_faults", None)
-        if check is not None:
-            check(faults)
-        return faults
-
-    @field_validator("train")
-    @classmethod
-    def _momentum_in_one_place(cls, train: TrainConfig, info: ValidationInfo) -> TrainConfig:
-        """Deep Gradient Compression applies momentum before sparsifying: not a second time."""
-        aggregation = getattr(info.data.get("strategy"), "aggregation", None)
-        compression = getattr(aggregation, "compression", None)
-        if getattr(compression, "momentum_correction", 0.0) and not (
-            isinstance(train.optimizer, SGDConfig) and train.optimizer.momentum == 0
-        ):
-            raise ValueError(
-                "strategy.aggregation.compression.momentum_correction applies momentum before "
-                'sparsification: use optimizer kind = "sgd" with momentum = 0'
-            )
-        return train
+    @model_validator(mode="after")
+    def _across_sections(self) -> ShoalConfig:
+        """Each plugin's own rules between sections: its config's `check` (see ConfigModel)."""
+        for section in (self.strategy, self.task):
+            check = getattr(own_config(section), "check", None)
+            if check is not None:
+                check(self)
+        return self

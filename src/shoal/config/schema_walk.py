@@ -15,6 +15,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
+from shoal.config.base import fields_by_key
+
 _DISCRIMINATORS = ("type", "kind", "source", "method")
 
 
@@ -58,13 +60,15 @@ def choose_model(annotation: Any, value: Any, default: Any = None) -> type[BaseM
 
 
 def union_tags(root: type[BaseModel], path: Sequence[str | int], data: Any) -> list[str]:
-    """The discriminator values a union field at `path` accepts, in declaration order."""
+    """The discriminator values a union field at `path` accepts, in declaration order.
+
+    `custom` (a class named by a dotted path) is left out: it is no registered name."""
     names = [p for p in path if isinstance(p, str)]
     if len(names) != len(path) or not names:
         return []
     annotation = annotation_at(root, names, data)
     tags = [_tag_of(m) for m in _models(annotation)]
-    return [str(t[1]) for t in tags if t is not None]
+    return [str(t[1]) for t in tags if t is not None and t[1] != "custom"]
 
 
 def _dict_values(annotation: Any) -> Any | None:
@@ -84,16 +88,22 @@ def _walk(root: type[BaseModel], path: Sequence[str | int], data: Any) -> tuple[
     for key in path:
         if not isinstance(key, str):
             return None, None
+        fields = fields_by_key(model) if model is not None else {}
+        nested = getattr(model, "nested_model", None)  # `config` of a `type = "custom"` table
+        parent = node
         if values is not None:
             annotation, default = values, None
-        elif model is not None and key in model.model_fields:
-            field = model.model_fields[key]
+        elif key in fields:
+            field = fields[key]
             annotation, default = field.annotation, field.get_default(call_default_factory=True)
         else:
             return None, None
         node = node.get(key) if isinstance(node, dict) else None
         values = _dict_values(annotation)
         model = choose_model(annotation, node, default)
+        if model is None and nested is not None:
+            model = nested(key, parent)
+            annotation = model if model is not None else annotation
     return annotation, model
 
 

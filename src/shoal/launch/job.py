@@ -19,7 +19,7 @@ def run_job(ctx: WorkerContext) -> dict[str, Any]:
     results are written."""
     seed_everything(ctx.config.train.seed)  # user factories may draw random numbers
     task = build_task(ctx)
-    strategy = strategy_class(ctx.config.strategy.type)(ctx)
+    strategy = strategy_class(ctx.config.strategy)(ctx)
     results = strategy.run(task)
     if ctx.is_main:  # a resumed run that wrote no checkpoint still ran with this config
         promote_config(ctx.paths, ctx.config)

@@ -40,7 +40,8 @@ def _workers_override(config: ShoalConfig, workers: int | None) -> list[str]:
         return []
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
-    return strategy_class(config.strategy.type).workers_override(workers)
+    section = "strategy.config" if config.strategy.type == "custom" else "strategy"
+    return strategy_class(config.strategy).workers_override(workers, section)
 
 
 def resume_root(resume: str | Path) -> Path | None:
@@ -83,7 +84,7 @@ def plan_job(
     extra = _workers_override(config, workers)
     if extra:
         config = load_config(config, extra)
-    cls = strategy_class(config.strategy.type)
+    cls = strategy_class(config.strategy)
     cls.check(config)
     if checkpoint is not None:  # the bytes are verified where they are read, by the workers
         changes = resume_changes(checkpoint, read_meta(checkpoint), config)

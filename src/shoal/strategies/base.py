@@ -14,6 +14,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+from pydantic import BaseModel
 from torch import nn
 
 from shoal.config.root import ShoalConfig
@@ -25,7 +26,16 @@ from shoal.training.trainer import Trainer
 
 
 class Strategy(ABC):
-    """Base of every strategy; subclasses register under their config's `type`."""
+    """Base of every strategy; subclasses register under their config's `type`.
+
+    A strategy is a plugin (`shoal.plugins`): shoal's own are listed in
+    `plugins/kinds.py`, others come from a `shoal.strategies` entry point or a
+    `[strategy] type = "custom"` dotted path. `config_class` is the pydantic model
+    of its `[strategy]` table (of `[strategy.config]` under `type = "custom"`).
+    """
+
+    #: the pydantic model of this strategy's config section
+    config_class: ClassVar[type[BaseModel]]
 
     #: True when the strategy can run inside the calling process (no worker processes)
     in_process: ClassVar[bool] = False
@@ -49,10 +59,11 @@ class Strategy(ABC):
         return 1
 
     @classmethod
-    def workers_override(cls, workers: int) -> list[str]:
-        """The `--set` items that make this strategy start `workers` worker processes."""
+    def workers_override(cls, workers: int, section: str = "strategy") -> list[str]:
+        """The `--set` items that make this strategy start `workers` worker processes
+        (`section`: where its config lives, "strategy.config" under `type = "custom"`)."""
         if cls.workers_field is not None:
-            return [f"strategy.{cls.workers_field}={workers}"]
+            return [f"{section}.{cls.workers_field}={workers}"]
         if workers == 1:
             return []
         name = cls.__name__.removesuffix("Strategy").lower()

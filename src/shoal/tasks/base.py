@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
+from pydantic import BaseModel
 from torch import nn
 
 from shoal.errors import ShoalError
@@ -40,7 +41,15 @@ class LossOutput:
 
 
 class Task(ABC):
-    """A workload: model, data, loss and evaluation."""
+    """A workload: model, data, loss and evaluation.
+
+    A task is a plugin (`shoal.plugins`): shoal's own, a `shoal.tasks` entry point,
+    or `[task] type = "custom"` with a dotted `class`. `config_class` is the
+    pydantic model of its `[task]` table (of `[task.config]` under `type = "custom"`).
+    """
+
+    #: the pydantic model of this task's config section
+    config_class: ClassVar[type[BaseModel]]
 
     #: metric used to pick the best checkpoint and for early stopping, and its direction
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")

@@ -1,21 +1,20 @@
-"""Tasks by name (the `type` of `[task]`)."""
+"""The task a `[task]` section names (`type`, or `type = "custom"` and its `class`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from typing import Any
 
-from shoal.registry import Registry
+from shoal.config.custom import section_class
+from shoal.plugins.kinds import TASKS
 from shoal.runtime.context import WorkerContext
 from shoal.tasks.base import Task
-from shoal.tasks.classification.task import ClassificationTask
-from shoal.tasks.kge.task import KGETask
-from shoal.tasks.lm.task import LMTask
 
-TASKS: Registry[Callable[[WorkerContext], Task]] = Registry("task")
-TASKS.add("classification", ClassificationTask)
-TASKS.add("kge", KGETask)
-TASKS.add("lm", LMTask)
+
+def task_class(section: Any) -> type[Task]:
+    """The class of a validated `[task]` section (or of a task name)."""
+    cls: type[Task] = section_class(TASKS, section)
+    return cls
 
 
 def build_task(ctx: WorkerContext) -> Task:
-    return TASKS.get(ctx.config.task.type)(ctx)
+    return task_class(ctx.config.task)(ctx)

@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from shoal.config import load_config
+from shoal.errors import ConfigError
 from shoal.tasks.kge.config import DistMultConfig, KGETaskConfig
 from shoal.tasks.kge.evaluation import rank_triples
 from shoal.tasks.kge.models import KGEModel, build_kge_model, dropout
@@ -190,3 +191,24 @@ def test_inconsistent_training_settings_are_refused(
 ) -> None:
     with pytest.raises(Exception, match=message):
         task_config(tmp_path, **task)
+
+
+@pytest.mark.parametrize("training", ["1vsAll", "KvsAll"])
+def test_a_type_that_scores_every_entity_names_no_rows_as_a_config_error(
+    tmp_path: Path, training: str
+) -> None:
+    """The parameter server refuses these types before it starts; a strategy of one's own
+    (`type = "custom"`) that asks for the rows a batch reads gets the one-line config error
+    (field, why, what to use), not a NotImplementedError."""
+    config = task_config(tmp_path, training=training)
+    data = load_kg(config.data)
+    batch = build_training_type(config, data, seed=0).batch(torch.arange(2), torch.device("cpu"))
+    with pytest.raises(ConfigError) as raised:
+        build_training_type(config, data, seed=0).rows_touched(batch)
+    message = str(raised.value)
+    assert "\n" not in message
+    assert message.startswith(
+        f"task.training.type: training type {training!r} cannot be trained by pulling rows: it "
+        "scores every entity in every step"
+    )
+    assert message.endswith("or use negative_sampling")

@@ -3,8 +3,8 @@
 Variants are unions discriminated by `method` (aggregation, client selection) or
 `kind` (partition); only implemented variants are accepted. Checks that span
 sections (the federated run's length replaces `train.epochs`; a round deadline
-must be shorter than the collective timeout) are the `check_train` and
-`check_faults` hooks, which the root config calls.
+must be shorter than the collective timeout) are its `check`, which the root
+config calls once every section is valid.
 """
 
 from __future__ import annotations
@@ -14,11 +14,10 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel, ExistingFile, fill_default_tag
+from shoal.config.base import ConfigModel, ExistingFile, FieldError, fill_default_tag
 
 if TYPE_CHECKING:
-    from shoal.config.sections import FaultsConfig
-    from shoal.config.train import TrainConfig
+    from shoal.config.root import ShoalConfig
 
 # ---------------------------------------------------------------- aggregation
 
@@ -318,22 +317,27 @@ class FederatedStrategyConfig(ConfigModel):
             return sum(1 for tags in self.tags_of() if required <= tags)
         return n
 
-    # hooks the root config calls for rules that span sections
-    def check_train(self, train: TrainConfig) -> None:
+    def check(self, config: ShoalConfig) -> None:
+        """The run's length is in rounds, at a constant rate; a round deadline fits the timeout.
+
+        No `StrategySection` length rule: rounds, not epochs, end a federated run."""
+        train, faults = config.train, config.faults
         if train.epochs is not None or train.max_steps is not None:
-            raise ValueError(
+            raise FieldError(
+                ("train",),
                 "under strategy federated the run's length is strategy.rounds (with "
-                "strategy.local_epochs or local_steps per round); remove epochs and max_steps"
+                "strategy.local_epochs or local_steps per round); remove epochs and max_steps",
             )
         if train.warmup_steps or train.lr_decay != "constant":
-            raise ValueError(
+            raise FieldError(
+                ("train",),
                 "strategy federated trains each client with a fresh local optimizer at a "
-                'constant learning rate; remove warmup_steps and lr_decay (or set "constant")'
+                'constant learning rate; remove warmup_steps and lr_decay (or set "constant")',
             )
 
-    def check_faults(self, faults: FaultsConfig) -> None:
         if self.round_timeout_s is not None and self.round_timeout_s >= faults.timeout_s:
-            raise ValueError(
+            raise FieldError(
+                ("faults",),
                 f"timeout_s ({faults.timeout_s:g}) must exceed strategy.round_timeout_s "
-                f"({self.round_timeout_s:g}): workers wait for each other's round in a collective"
+                f"({self.round_timeout_s:g}): workers wait for each other's round in a collective",
             )

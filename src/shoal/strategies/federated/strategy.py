@@ -65,6 +65,8 @@ class RoundFailed(JobFailed):
 class FederatedStrategy(Strategy):
     """Clients train locally on private shards; the global model moves by their averaged update."""
 
+    config_class: ClassVar[type[FederatedStrategyConfig]] = FederatedStrategyConfig
+
     in_process: ClassVar[bool] = True  # with one worker: no process group, nothing crosses
 
     @classmethod

@@ -1,6 +1,7 @@
 """`parameter_server`: embedding tables sharded over server processes, rows pulled and pushed.
 
-Not to be confused with `comm/parameter_server.py`, a *gradient aggregation method*
+Not to be confused with `comm/server_allreduce.py` (`[strategy.aggregation] method =
+"parameter_server"`), a *gradient aggregation method*
 of `data_parallel` (dense buckets summed through one rank). Here the servers own
 the parameters: workers hold only the rows a batch touches.
 

@@ -2,8 +2,8 @@
 
 Variants are unions discriminated by `kind` (sharding, server optimizer). Checks
 that span sections (the server optimizer replaces `train.optimizer`'s schedule;
-the barrier timeout must fit inside the collective timeout) are the
-`check_train` / `check_faults` hooks the root config calls.
+the barrier timeout must fit inside the collective timeout) are its `check`,
+which the root config calls once every section is valid.
 """
 
 from __future__ import annotations
@@ -12,11 +12,16 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel, ExistingFile, fill_default_tag
+from shoal.config.base import (
+    ConfigModel,
+    ExistingFile,
+    FieldError,
+    StrategySection,
+    fill_default_tag,
+)
 
 if TYPE_CHECKING:
-    from shoal.config.sections import FaultsConfig
-    from shoal.config.train import TrainConfig
+    from shoal.config.root import ShoalConfig
 
 # ---------------------------------------------------------------- sharding
 
@@ -91,7 +96,7 @@ RowOptimizerConfig = Annotated[
 # ---------------------------------------------------------------- the strategy
 
 
-class ParameterServerStrategyConfig(ConfigModel):
+class ParameterServerStrategyConfig(StrategySection):
     """Embedding tables sharded over servers; workers pull the rows a batch touches and push
     their gradients; the servers apply `optimizer`.
 
@@ -187,30 +192,36 @@ class ParameterServerStrategyConfig(ConfigModel):
         """The most clocks a pull may run ahead of the slowest worker (None: unbounded)."""
         return {"sync": 0, "bounded": self.max_staleness, "async": None}[self.mode]
 
-    def check_train(self, train: TrainConfig) -> None:
+    def check(self, config: ShoalConfig) -> None:
+        """The shared loop's length rule, then what servers applying pushes as they come allow."""
+        super().check(config)
+        train, faults = config.train, config.faults
         if train.micro_batches != 1:
-            raise ValueError(
-                "strategy parameter_server pushes once per batch: set train.micro_batches = 1"
+            raise FieldError(
+                ("train",),
+                "strategy parameter_server pushes once per batch: set train.micro_batches = 1",
             )
         if train.grad_clip_norm is not None:
-            raise ValueError(
+            raise FieldError(
+                ("train",),
                 "strategy parameter_server: servers apply each push as it comes, so there is "
-                "no global gradient to clip; unset train.grad_clip_norm"
+                "no global gradient to clip; unset train.grad_clip_norm",
             )
         if train.warmup_steps or train.lr_decay != "constant":
-            raise ValueError(
+            raise FieldError(
+                ("train",),
                 "strategy parameter_server: the server optimizer's learning rate is constant; "
-                'set train.warmup_steps = 0 and train.lr_decay = "constant"'
+                'set train.warmup_steps = 0 and train.lr_decay = "constant"',
             )
         if train.mixed_precision != "off":
-            raise ValueError(
-                'strategy parameter_server trains in float32: set train.mixed_precision = "off"'
+            raise FieldError(
+                ("train",),
+                'strategy parameter_server trains in float32: set train.mixed_precision = "off"',
             )
-
-    def check_faults(self, faults: FaultsConfig) -> None:
         if self.barrier_timeout_s >= faults.timeout_s:
-            raise ValueError(
+            raise FieldError(
+                ("faults",),
                 f"strategy.barrier_timeout_s ({self.barrier_timeout_s:g}) must be shorter than "
                 f"faults.timeout_s ({faults.timeout_s:g}), so a held pull fails with the name "
-                "of the worker it waited for before a bare transport timeout does"
+                "of the worker it waited for before a bare transport timeout does",
             )

@@ -64,6 +64,8 @@ MIB = 1 << 20
 class ParameterServerStrategy(Strategy):
     """Workers pull the rows each batch touches and push their gradients to sharded servers."""
 
+    config_class: ClassVar[type[ParameterServerStrategyConfig]] = ParameterServerStrategyConfig
+
     workers_field: ClassVar[str | None] = "num_workers"
     # shard files re-shard on resume; the rows' optimizer state is of one kind
     resume_safe: ClassVar[tuple[str, ...]] = (

@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel, fill_default_tag
+from shoal.config.base import ConfigModel, StrategySection, fill_default_tag
 
 
 class LogRange(ConfigModel):
@@ -123,7 +123,7 @@ class ResampleConfig(ConfigModel):
 ExploreConfig = Annotated[PerturbationConfig | ResampleConfig, Field(discriminator="method")]
 
 
-class PopulationStrategyConfig(ConfigModel):
+class PopulationStrategyConfig(StrategySection):
     """Population-based training: members train in generations, then exploit and explore."""
 
     type: Literal["population_based"] = "population_based"

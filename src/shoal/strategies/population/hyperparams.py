@@ -19,7 +19,7 @@ from shoal.errors import ConfigError
 from shoal.registry import Registry
 from shoal.strategies.population.space import Hyperparameters, bounds
 from shoal.tasks.base import Task
-from shoal.tasks.registry import TASKS
+from shoal.tasks.registry import task_class as _task_class
 from shoal.training.learner import Learner
 
 
@@ -79,7 +79,7 @@ def tunable_names(config: ShoalConfig) -> list[str]:
     """Every hyperparameter this job's optimizer and task let a population tune."""
     kind = config.train.optimizer.kind
     names = [n for n in OPTIMIZER_KNOBS.names() if kind in OPTIMIZER_KNOBS.get(n).optimizers]
-    task_class = TASKS.get(config.task.type)
+    task_class = _task_class(config.task)
     return sorted([*names, *getattr(task_class, "tunable", {})])
 
 
@@ -87,7 +87,7 @@ def check_search_space(config: ShoalConfig, field: str = "strategy.search_space"
     """Every name in the search space is tunable in this job, and its range is valid for it."""
     space = getattr(config.strategy, "search_space", {})
     kind = config.train.optimizer.kind
-    task_class = TASKS.get(config.task.type)
+    task_class = _task_class(config.task)
     task_tunable: dict[str, tuple[float, float]] = getattr(task_class, "tunable", {})
     for name, dist in space.items():
         where = f"{field}.{name}"

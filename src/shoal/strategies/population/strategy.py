@@ -13,7 +13,7 @@ from shoal.strategies.population.config import PopulationStrategyConfig
 from shoal.strategies.population.hyperparams import check_search_space
 from shoal.strategies.population.loop import PopulationTrainer, resolve_metric
 from shoal.tasks.base import Task
-from shoal.tasks.registry import TASKS
+from shoal.tasks.registry import task_class as _task_class
 from shoal.training.contracts import GradientSync, LocalGradientSync
 
 
@@ -25,6 +25,8 @@ class PopulationStrategy(Strategy):
     members in turn. With one worker the population trains in the calling
     process. The generation loop is :class:`PopulationTrainer`.
     """
+
+    config_class: ClassVar[type[PopulationStrategyConfig]] = PopulationStrategyConfig
 
     in_process: ClassVar[bool] = True
     workers_field: ClassVar[str | None] = "workers"
@@ -48,9 +50,7 @@ class PopulationStrategy(Strategy):
                 "space)"
             )
         check_search_space(config)
-        task_class = TASKS.get(config.task.type)
-        assert isinstance(task_class, type) and issubclass(task_class, Task)
-        resolve_metric(config.strategy, task_class)
+        resolve_metric(config.strategy, _task_class(config.task))
 
     @property
     def config(self) -> PopulationStrategyConfig:

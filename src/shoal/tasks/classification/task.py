@@ -44,6 +44,8 @@ def load_data(config: ClassificationTaskConfig) -> ClassificationData:
 class ClassificationTask(Task):
     """Cross-entropy on (input, label) samples; reports loss and accuracy."""
 
+    config_class: ClassVar[type[ClassificationTaskConfig]] = ClassificationTaskConfig
+
     primary_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
     tunable: ClassVar[dict[str, tuple[float, float]]] = {"dropout": (0.0, 1.0)}
     resume_incompatible: ClassVar[tuple[str, ...]] = (

@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, model_validator
 
 from shoal.config.base import ConfigModel, ExistingFile, fill_default_tag
+from shoal.plugins.kinds import KGE_LOSSES, KGE_MODELS
 from shoal.tasks.kge.loss_config import (
     BCELossConfig,
-    KGELossConfig,
     LogisticLossConfig,
+    LossOptions,
     MarginRankingLossConfig,
     RegularizationConfig,
     SoftmaxLossConfig,
@@ -19,7 +20,6 @@ from shoal.tasks.kge.model_config import (
     ComplExConfig,
     DistMultConfig,
     InitConfig,
-    KGEModelConfig,
     ModelOptions,
     RotatEConfig,
     TransEConfig,
@@ -34,6 +34,7 @@ __all__ = [
     "KGEModelConfig",
     "KGETaskConfig",
     "LogisticLossConfig",
+    "LossOptions",
     "MarginRankingLossConfig",
     "ModelOptions",
     "NegativeSamplingConfig",
@@ -42,6 +43,15 @@ __all__ = [
     "SoftmaxLossConfig",
     "TransEConfig",
 ]
+
+# `task.model` and `task.loss`: every KG model and loss registered (shoal's own and
+# installed plugins), discriminated by `type` and `kind`
+if TYPE_CHECKING:
+    KGEModelConfig = Any
+    KGELossConfig = Any
+else:
+    KGEModelConfig = KGE_MODELS.config_union()
+    KGELossConfig = KGE_LOSSES.config_union()
 
 BUILTIN_DATASETS = ("nations", "kinships", "umls")
 
@@ -225,6 +235,16 @@ class EvaluationConfig(ConfigModel):
     )
 
 
+def _every_entity_losses() -> str:
+    """The registered losses a query scored against every entity can use: "softmax or bce"."""
+    names = [
+        name
+        for name in KGE_LOSSES.names()
+        if getattr(KGE_LOSSES.get(name).config_class(), "every_entity", False)
+    ]
+    return " or ".join(names)
+
+
 class KGETaskConfig(ConfigModel):
     """Link prediction: learn entity and relation embeddings from (head, relation, tail) triples."""
 
@@ -233,7 +253,8 @@ class KGETaskConfig(ConfigModel):
         ..., description="The triples: source = builtin (name = ...) | files (train = ...)."
     )
     model: KGEModelConfig = Field(
-        ..., description="Scoring model: type = transe | distmult | complex | rotate."
+        ...,
+        description=f"Scoring model: type = {' | '.join(KGE_MODELS.names())}.",
     )
     dim: int = Field(
         200, ge=2, description="Real numbers per entity row (complex models: dim/2 complex)."
@@ -248,7 +269,7 @@ class KGETaskConfig(ConfigModel):
     )
     loss: KGELossConfig = Field(
         default_factory=MarginRankingLossConfig,
-        description="Loss: kind = margin_ranking | logistic | softmax | bce.",
+        description=f"Loss: kind = {' | '.join(KGE_LOSSES.names())}.",
     )
     regularization: RegularizationConfig | None = Field(
         None, description="Penalty on embedding entries: kind = l2 | n3 | lp, weighted or not."
@@ -278,16 +299,16 @@ class KGETaskConfig(ConfigModel):
 
     @model_validator(mode="after")
     def _check(self) -> KGETaskConfig:
-        if self.model.type in ("complex", "rotate") and self.dim % 2:
+        if self.model.complex_rows and self.dim % 2:
             raise ValueError(
                 f"dim must be even for {self.model.type} (dim/2 complex numbers), got {self.dim}"
             )
         training = self.training.type
         if training != "negative_sampling":
-            if self.loss.kind not in ("softmax", "bce"):
+            if not self.loss.every_entity:
                 raise ValueError(
                     f"loss {self.loss.kind!r} pairs a positive with sampled negatives; training "
-                    f"{training} scores every entity: use loss kind softmax or bce"
+                    f"{training} scores every entity: use loss kind {_every_entity_losses()}"
                 )
             # (the resolved config a run saves holds the default table: it loads again)
             if self.negatives != NegativeSamplingConfig():

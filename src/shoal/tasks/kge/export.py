@@ -24,20 +24,6 @@ from shoal.tasks.kge.config import KGETaskConfig
 from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.triples import IdMap
 
-SCORES = {
-    "transe": "-||h + r - t||_p",
-    "distmult": "sum_i h_i r_i t_i",
-    "complex": "Re(sum_i h_i r_i conj(t_i))",
-    "rotate": "-sum_i |h_i exp(i theta_i) - t_i|",
-}
-
-LAYOUTS = {
-    "transe": "real rows of width dim",
-    "distmult": "real rows of width dim",
-    "complex": "complex rows: [real parts (dim/2), imaginary parts (dim/2)]",
-    "rotate": "entities: [real parts (dim/2), imaginary parts (dim/2)]; relations: dim/2 phases",
-}
-
 
 def write_id_maps(folder: Path, entities: IdMap, relations: IdMap) -> None:
     folder.mkdir(parents=True, exist_ok=True)
@@ -96,8 +82,8 @@ def export_embeddings(folder: Path, model: KGEModel, config: KGETaskConfig) -> N
         "model": kind,
         "dim": config.dim,
         "p": getattr(config.model, "p", None),
-        "score": SCORES[kind],
-        "layout": LAYOUTS[kind],
+        "score": type(model).formula,
+        "layout": type(model).layout,
         "reciprocal": config.model.reciprocal,
         "relation_rows": (
             "relation r, then its reciprocal r^-1 at row r + relations (head queries (?, r, t) "

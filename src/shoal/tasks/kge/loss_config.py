@@ -1,15 +1,29 @@
-"""`task.loss` and `task.regularization`."""
+"""`task.loss` and `task.regularization`.
+
+`task.loss` is the union of these and of every installed `shoal.kge_losses`
+plugin's config (a `LossOptions`), assembled in `config.py`: this module assembles
+nothing, so a plugin's config module imports its base from here without importing
+itself back.
+"""
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from shoal.config.base import ConfigModel
 
 
-class MarginRankingLossConfig(ConfigModel):
+class LossOptions(ConfigModel):
+    """The base of every KG loss's config, plugins' too."""
+
+    #: whether the loss also takes a query's scores against every entity (training types
+    #: 1vsAll and KvsAll, `KGELoss.all_entities`); every loss takes sampled negatives
+    every_entity: ClassVar[bool] = False
+
+
+class MarginRankingLossConfig(LossOptions):
     """max(0, margin - score(pos) + score(neg)), averaged (or weighted) over the negatives."""
 
     kind: Literal["margin_ranking"] = "margin_ranking"
@@ -22,7 +36,7 @@ class MarginRankingLossConfig(ConfigModel):
     )
 
 
-class LogisticLossConfig(ConfigModel):
+class LogisticLossConfig(LossOptions):
     """softplus(-(gamma + score(pos))) + weighted mean of softplus(gamma + score(neg)).
 
     With gamma = the margin of RotatE and self-adversarial weights this is RotatE's
@@ -41,17 +55,18 @@ class LogisticLossConfig(ConfigModel):
     )
 
 
-class SoftmaxLossConfig(ConfigModel):
+class SoftmaxLossConfig(LossOptions):
     """Cross-entropy of the positive against its candidates: -log softmax(scores)[positive].
 
     Negative sampling: against its negatives (LibKGE's `kl`); 1vsAll: against every entity;
     KvsAll: cross-entropy with the query's (smoothed) answers as the target distribution.
     """
 
+    every_entity: ClassVar[bool] = True
     kind: Literal["softmax"] = "softmax"
 
 
-class BCELossConfig(ConfigModel):
+class BCELossConfig(LossOptions):
     """Binary cross-entropy on every scored candidate, summed (LibKGE's `bce`).
 
     Each positive counts as label 1 and each negative (or non-answer) as label 0:
@@ -59,14 +74,9 @@ class BCELossConfig(ConfigModel):
     y softplus(-(s + offset)) + (1 - y) softplus(s + offset) for a smoothed label y.
     """
 
+    every_entity: ClassVar[bool] = True
     kind: Literal["bce"] = "bce"
     offset: float = Field(0.0, description="Added to every score (LibKGE's loss_arg).")
-
-
-KGELossConfig = Annotated[
-    MarginRankingLossConfig | LogisticLossConfig | SoftmaxLossConfig | BCELossConfig,
-    Field(discriminator="kind"),
-]
 
 
 class RegularizationConfig(ConfigModel):

@@ -2,12 +2,15 @@
 
 Every model accepts the options of LibKGE's recipe (Ruffinelli et al., 2020, "You CAN
 teach an old dog new tricks"): reciprocal relations, embedding dropout and the
-initialisation of its tables.
+initialisation of its tables. `task.model` is the union of these and of every
+installed `shoal.kge_models` plugin's config (a `ModelOptions`), assembled in
+`config.py`: this module assembles nothing, so a plugin's config module imports
+its base from here without importing itself back.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field
 
@@ -54,7 +57,10 @@ InitConfig = Annotated[
 
 
 class ModelOptions(ConfigModel):
-    """Options every model takes."""
+    """Options every model takes: the base of every KG model's config, plugins' too."""
+
+    #: rows hold dim/2 complex numbers, so `task.dim` must be even
+    complex_rows: ClassVar[bool] = False
 
     reciprocal: bool = Field(
         False,
@@ -102,6 +108,7 @@ class ComplExConfig(ModelOptions):
     A row of width `dim` holds dim/2 complex numbers: real parts, then imaginary parts.
     """
 
+    complex_rows: ClassVar[bool] = True
     type: Literal["complex"] = "complex"
     init_scale: float = Field(
         1.0, gt=0, description="Standard deviation of the normal initialisation (paper: 1)."
@@ -115,12 +122,8 @@ class RotatEConfig(ModelOptions):
     relation is a rotation in the complex plane (unit modulus by construction).
     """
 
+    complex_rows: ClassVar[bool] = True
     type: Literal["rotate"] = "rotate"
     init_scale: float = Field(
         1.0, gt=0, description="Multiplies the paper's entity initialisation U(+-(gamma+2)/k)."
     )
-
-
-KGEModelConfig = Annotated[
-    TransEConfig | DistMultConfig | ComplExConfig | RotatEConfig, Field(discriminator="type")
-]

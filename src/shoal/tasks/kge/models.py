@@ -31,19 +31,19 @@ from __future__ import annotations
 
 import math
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol
+from collections.abc import Iterator
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from shoal.registry import Registry
+from shoal.plugins.kinds import KGE_MODELS
+from shoal.tasks.kge.config import KGEModelConfig
 from shoal.tasks.kge.model_config import (
     ComplExConfig,
     DistMultConfig,
     InitConfig,
-    KGEModelConfig,
     ModelOptions,
     NormalInit,
     RotatEConfig,
@@ -116,8 +116,24 @@ class KGEModel(nn.Module, ABC):
     """Entity and relation tables and a score function defined on their rows.
 
     `num_relations` counts the data's relations; with reciprocal relations the
-    relation table has twice as many rows (`relation_rows`).
+    relation table has twice as many rows (`relation_rows`). The base of every KG
+    model, plugins' too (entry-point group `shoal.kge_models`, whose entry point names
+    the config class, a `ModelOptions`; the config's `implementation` names the model).
     """
+
+    config_class: ClassVar[type[ModelOptions]] = ModelOptions
+    #: what `model.json` says of the exported embeddings
+    formula: ClassVar[str] = "see the model's documentation"
+    layout: ClassVar[str] = "real rows of width dim"
+
+    @classmethod
+    def from_config(
+        cls, config: Any, num_entities: int, num_relations: int, dim: int, gamma: float
+    ) -> KGEModel:
+        """The model for `config` (its `config_class`); `gamma` is the loss margin, which
+        RotatE's initialisation reads. Override when the constructor takes other arguments."""
+        model: KGEModel = cls(config, num_entities, num_relations, dim)  # type: ignore[call-arg]
+        return model
 
     def __init__(
         self,
@@ -262,6 +278,10 @@ class TransE(KGEModel):
     matters: a row of norm n would move n times slower in direction.
     """
 
+    config_class = TransEConfig
+    formula = "-||h + r - t||_p"
+    layout = "real rows of width dim"
+
     def __init__(
         self, config: TransEConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
@@ -310,6 +330,10 @@ class DistMult(KGEModel):
     U(+-sqrt(6 / (2 d))) (a row seen as a d x d layer), times `init_scale`.
     """
 
+    config_class: ClassVar[type[ModelOptions]] = DistMultConfig
+    formula = "sum_i h_i r_i t_i"
+    layout = "real rows of width dim"
+
     def __init__(
         self, config: DistMultConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
@@ -339,6 +363,10 @@ class ComplEx(DistMult):
     products. Rows start N(0, init_scale^2), as in the paper (init_scale = 1).
     """
 
+    config_class = ComplExConfig
+    formula = "Re(sum_i h_i r_i conj(t_i))"
+    layout = "complex rows: [real parts (dim/2), imaginary parts (dim/2)]"
+
     def __init__(
         self, config: ComplExConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
@@ -367,6 +395,16 @@ class RotatE(KGEModel):
     relations are stored as phases theta. Initialisation as in the paper: entity
     parts U(+-(gamma + 2) / k) (gamma the loss margin), phases U(-pi, pi).
     """
+
+    config_class = RotatEConfig
+    formula = "-sum_i |h_i exp(i theta_i) - t_i|"
+    layout = "entities: [real parts (dim/2), imaginary parts (dim/2)]; relations: dim/2 phases"
+
+    @classmethod
+    def from_config(
+        cls, config: Any, num_entities: int, num_relations: int, dim: int, gamma: float
+    ) -> KGEModel:
+        return cls(config, num_entities, num_relations, dim, gamma)
 
     def __init__(
         self,
@@ -447,16 +485,6 @@ class RotatE(KGEModel):
         return _complex_modulus(rows)
 
 
-ModelBuilder = Callable[[Any, int, int, int, float], KGEModel]
-"""(config, entities, relations, dim, gamma) -> model."""
-
-MODELS: Registry[ModelBuilder] = Registry("kge model")
-MODELS.add("transe", lambda config, e, r, dim, gamma: TransE(config, e, r, dim))
-MODELS.add("distmult", lambda config, e, r, dim, gamma: DistMult(config, e, r, dim))
-MODELS.add("complex", lambda config, e, r, dim, gamma: ComplEx(config, e, r, dim))
-MODELS.add("rotate", RotatE)
-
-
 def relation_table_rows(num_relations: int, options: ModelOptions) -> int:
     """Rows of the relation table: twice the relations with reciprocal relations."""
     return num_relations * (2 if options.reciprocal else 1)
@@ -465,8 +493,10 @@ def relation_table_rows(num_relations: int, options: ModelOptions) -> int:
 def build_kge_model(
     config: KGEModelConfig, num_entities: int, num_relations: int, dim: int, gamma: float
 ) -> KGEModel:
-    """The model `config` names; `gamma` is the loss margin (RotatE's initialisation uses it)."""
-    model = MODELS.get(config.type)(config, num_entities, num_relations, dim, gamma)
+    """The model `config` names (shoal's own or a `shoal.kge_models` plugin); `gamma` is the
+    loss margin (RotatE's initialisation uses it)."""
+    cls: type[KGEModel] = KGE_MODELS.load(config.type)
+    model = cls.from_config(config, num_entities, num_relations, dim, gamma)
     if config.init is not None:
         model.initialize(config.init)
     return model

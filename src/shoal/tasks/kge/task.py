@@ -37,6 +37,8 @@ class KGETask(Task):
     Test metrics come from the best model by validation MRR.
     """
 
+    config_class: ClassVar[type[KGETaskConfig]] = KGETaskConfig
+
     primary_metric: ClassVar[tuple[str, str]] = ("mrr", "max")
     # the training triples give the id maps; model type and dim give the tables' meaning
     resume_incompatible: ClassVar[tuple[str, ...]] = (

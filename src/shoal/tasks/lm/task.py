@@ -42,6 +42,8 @@ def saved_tokenizer(ctx: WorkerContext) -> Tokenizer | None:
 class LMTask(Task):
     """A decoder-only transformer trained to predict the next token of a text."""
 
+    config_class: ClassVar[type[LMTaskConfig]] = LMTaskConfig
+
     primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")
     # the parameters' shapes (and the learned position table's), and what the ids mean
     resume_incompatible: ClassVar[tuple[str, ...]] = (

@@ -20,7 +20,6 @@ import numpy as np
 import torch
 
 from shoal.tasks.kge.config import KGETaskConfig, KvsAllTraining
-from shoal.tasks.kge.losses import all_entities_loss
 from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.training_types.base import TrainingType, sample_relation_ids
 from shoal.tasks.kge.triples import KGData
@@ -61,7 +60,7 @@ class OneVsAll(TrainingType):
         for is_head, anchor, answer in ((False, head, t), (True, tail, h)):
             relation = model.relation_rows(model.relation_ids(r, is_head))
             scores = _side_scores(model, anchor, relation, is_head)
-            losses = losses + all_entities_loss(self.config.loss, scores, answer)
+            losses = losses + self.loss_fn.all_entities(scores, answer)
         relations = [model.relation_rows(ids) for ids in sample_relation_ids(model, r)]
         return losses, [head, tail], relations
 
@@ -121,7 +120,7 @@ class KvsAll(TrainingType):
         anchor = model.entity_rows(batch["anchor"])
         relation = model.relation_rows(model.relation_ids(batch["relation"], batch["head"]))
         scores = _side_scores(model, anchor, relation, batch["head"])
-        losses = all_entities_loss(self.config.loss, scores, batch["labels"])
+        losses = self.loss_fn.all_entities(scores, batch["labels"])
         return losses, [anchor], [relation]
 
 

@@ -16,9 +16,10 @@ from typing import Any, ClassVar
 
 import torch
 
+from shoal.errors import ConfigError
 from shoal.tasks.base import LossOutput
 from shoal.tasks.kge.config import KGETaskConfig
-from shoal.tasks.kge.losses import penalty, table_penalty
+from shoal.tasks.kge.losses import build_kge_loss, penalty, table_penalty
 from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.triples import KGData
 
@@ -36,6 +37,7 @@ class TrainingType(ABC):
         self.num_entities = len(data.entities)
         self.num_relations = len(data.relations)
         self.seed = seed
+        self.loss_fn = build_kge_loss(config.loss)  # task.loss: shoal's own or a plugin
 
     @property
     @abstractmethod
@@ -58,8 +60,16 @@ class TrainingType(ABC):
 
     def rows_touched(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The unique entity and relation ids a batch reads (what a parameter-server worker
-        pulls for it)."""
-        raise NotImplementedError(self.unserved_reason)
+        pulls for it). A training type that reads every row has none to name: a strategy
+        that pulls rows (the parameter server refuses such a config before it starts; a
+        custom strategy may not) gets the config error that says which setting to change."""
+        reason = self.unserved_reason or (
+            "it does not name the rows a batch reads; use negative_sampling"
+        )
+        raise ConfigError(
+            f"task.training.type: training type {self.config.training.type!r} cannot be "
+            f"trained by pulling rows: {reason}"
+        )
 
     def loss(self, model: KGEModel, batch: dict[str, Any]) -> LossOutput:
         losses, entities, relations = self.scored_loss(model, batch)

@@ -14,7 +14,6 @@ import torch
 import torch.nn.functional as F
 
 from shoal.tasks.kge.config import KGETaskConfig
-from shoal.tasks.kge.losses import sampled_loss
 from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.sampling import NegativeSampler, SideNegatives
 from shoal.tasks.kge.training_types.base import TrainingType, sample_relation_ids
@@ -56,7 +55,7 @@ class NegativeSampling(TrainingType):
         scored, entities, relations = score_sides(
             model, batch["triples"], batch["sides"], self.config.negatives.chunk_size
         )
-        losses = [sampled_loss(self.config.loss, pos, neg) for pos, neg in scored]
+        losses = [self.loss_fn.sampled(pos, neg) for pos, neg in scored]
         return torch.stack(losses).sum(dim=0), entities, relations
 
 

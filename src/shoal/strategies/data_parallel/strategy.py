@@ -15,10 +15,10 @@ from shoal.comm.registry import build_aggregator
 from shoal.comm.topology import neighbours
 from shoal.config.aggregation import GossipAggregationConfig
 from shoal.config.root import ShoalConfig
-from shoal.config.strategy import DataParallelStrategyConfig
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import gather_tensors
 from shoal.strategies.base import Strategy
+from shoal.strategies.data_parallel.config import DataParallelStrategyConfig
 from shoal.training.contracts import GradientSync
 
 
@@ -31,6 +31,8 @@ class DataParallelStrategy(Strategy):
     That holds for every exact aggregation method; compression approximates the
     sum, and gossip replaces it by neighbourhood averaging of parameters.
     """
+
+    config_class: ClassVar[type[DataParallelStrategyConfig]] = DataParallelStrategyConfig
 
     sync: GradientSync
 

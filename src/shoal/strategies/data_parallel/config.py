@@ -1,29 +1,16 @@
-"""`[strategy]`: how the work is distributed. A union discriminated by `type`.
-
-Only strategies that are implemented are accepted here: a config that validates
-is a config that runs.
-"""
+"""`[strategy] type = "data_parallel"`: replicas, buckets and the aggregation method."""
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
 from shoal.config.aggregation import AggregationConfig, NativeAggregationConfig
-from shoal.config.base import ConfigModel, fill_default_tag
-from shoal.strategies.federated.config import FederatedStrategyConfig
-from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
-from shoal.strategies.population.config import PopulationStrategyConfig
+from shoal.config.base import StrategySection, fill_default_tag
 
 
-class LocalStrategyConfig(ConfigModel):
-    """One process trains on the whole dataset."""
-
-    type: Literal["local"] = "local"
-
-
-class DataParallelStrategyConfig(ConfigModel):
+class DataParallelStrategyConfig(StrategySection):
     """Replicas of the model, one data shard each, gradients averaged every step."""
 
     type: Literal["data_parallel"] = "data_parallel"
@@ -53,12 +40,7 @@ class DataParallelStrategyConfig(ConfigModel):
     def _default_method(cls, data: Any) -> Any:
         return fill_default_tag(data, "aggregation", "method", "native")
 
-
-StrategyConfig = Annotated[
-    LocalStrategyConfig
-    | DataParallelStrategyConfig
-    | FederatedStrategyConfig
-    | PopulationStrategyConfig
-    | ParameterServerStrategyConfig,
-    Field(discriminator="type"),
-]
+    def check(self, config: Any) -> None:
+        """The shared loop's length rule, then the aggregation method's own rules."""
+        super().check(config)
+        self.aggregation.check(config)

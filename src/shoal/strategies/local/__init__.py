@@ -1,0 +1,1 @@
+"""`local`: one process trains on the whole dataset (`config.py`, `strategy.py`)."""
