@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from shoal.checkpoint.parts import Custom, Fixed, RankRngs, StatePart
 from shoal.checkpoint.resume import open_resume
 from shoal.config import dump_config
 from shoal.errors import ShoalError
@@ -38,10 +39,9 @@ def bookkeeping(trainer: PopulationTrainer) -> dict[str, Any]:
     }
 
 
-def save(trainer: PopulationTrainer) -> None:
-    """Collective: rank 0 receives every member's state (in member order) and writes."""
+def gather_members(trainer: PopulationTrainer) -> list[Any]:
+    """Collective: every member's state, in member order, on rank 0 (empty elsewhere)."""
     ctx = trainer.ctx
-    started = time.perf_counter()
     states: list[Any] = []
     for m in range(trainer.size):
         src = trainer.owner(m)
@@ -53,16 +53,26 @@ def save(trainer: PopulationTrainer) -> None:
                 states.append(recv_tree(ctx, src, what))
         elif src == ctx.rank:
             send_tree(ctx, trainer.members[m].state_dict(), 0, what)
+    return states
+
+
+def _loaded_elsewhere(state: Any) -> None:
+    """Members are loaded by `restore`, each worker taking its own."""
+
+
+def save(trainer: PopulationTrainer) -> None:
+    """Collective: rank 0 receives every member's state (in member order) and writes."""
+    ctx = trainer.ctx
+    started = time.perf_counter()
+    parts: dict[str, StatePart] = {
+        "members": Custom(lambda: gather_members(trainer), _loaded_elsewhere),
+        "population": Fixed(json.dumps(bookkeeping(trainer))),
+        "config": Fixed(dump_config(ctx.config)),
+        "rng": RankRngs(ctx),
+    }
     step = trainer.history[-1].end if trainer.history else 0
-    state: dict[str, Any] = {}
-    if ctx.is_main:
-        state = {
-            "members": states,
-            "population": json.dumps(bookkeeping(trainer)),
-            "config": dump_config(ctx.config),
-        }
     meta = {"generation": trainer.next_generation, "train_size": trainer.task.train_size}
-    path = trainer.checkpoints.save(step, state, meta)
+    path = trainer.checkpoints.save(step, parts, meta)
     trainer.times["checkpoint"] += time.perf_counter() - started
     if path is not None:
         trainer.last_checkpoint = path

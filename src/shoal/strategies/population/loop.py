@@ -37,6 +37,7 @@ from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
 from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.roles import RankRoles
 from shoal.runtime.stop import STOP, stop_record
 from shoal.strategies.population.checkpoints import restore, save
 from shoal.strategies.population.config import PopulationStrategyConfig
@@ -90,9 +91,15 @@ def alone(task: Task) -> Iterator[None]:
 
 class PopulationTrainer:
     def __init__(
-        self, ctx: WorkerContext, task: Task, config: PopulationStrategyConfig, describe: str
+        self,
+        ctx: WorkerContext,
+        task: Task,
+        config: PopulationStrategyConfig,
+        roles: RankRoles,
+        describe: str,
     ) -> None:
         self.ctx = ctx
+        self.roles = roles
         self.task = task
         self.config = config
         self.describe = describe
@@ -115,15 +122,11 @@ class PopulationTrainer:
 
     # ------------------------------------------------------------ setup
     def owner(self, member: int) -> int:
-        return member % self.ctx.world_size
+        """The rank that holds member `member` (`runtime/roles.py`)."""
+        return self.roles.owner(member)
 
     def _build(self) -> None:
         ctx, train, config = self.ctx, self.train, self.config
-        if ctx.world_size > self.size:
-            raise ShoalError(
-                f"strategy.population_size: {self.size} members cannot occupy {ctx.world_size} "
-                "workers; start at most population_size workers"
-            )
         if config.split not in self.task.eval_splits():
             raise ShoalError(
                 f"strategy.split: task {ctx.config.task.type} has no split {config.split!r}; "

@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from torch import nn
 
 from shoal.config.root import ShoalConfig
+from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
 from shoal.strategies.population.config import PopulationStrategyConfig
 from shoal.strategies.population.hyperparams import check_search_space
@@ -62,5 +63,11 @@ class PopulationStrategy(Strategy):
             f"({c.exploit.method}, {c.explore.method})"
         )
 
+    def make_roles(self) -> RankRoles:
+        """Member m lives on worker m mod workers; every worker holds one at least."""
+        size = self.config.population_size
+        field = "strategy.population_size"
+        return RankRoles.hosting(self.ctx.world_size, "member", size, items_field=field)
+
     def run(self, task: Task) -> dict[str, Any]:
-        return PopulationTrainer(self.ctx, task, self.config, self.describe()).fit()
+        return PopulationTrainer(self.ctx, task, self.config, self.roles, self.describe()).fit()
