@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.shoal-installed
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo demo-dp test lint typecheck bench bench-kge bench-ps clean
+.PHONY: setup demo demo-dp test lint typecheck bench bench-kge bench-ps bench-pbg clean
 
 setup: $(STAMP)
 
@@ -42,5 +42,10 @@ bench-kge: setup
 bench-ps: setup
 	$(PY) benchmarks/kge_ps_scaling.py
 
+# PyTorch-BigGraph side by side: the script creates PBG's own venv (.venv-pbg) on first use
+bench-pbg: setup
+	$(PY) benchmarks/kge_vs_pbg.py --setup-only
+	$(PY) benchmarks/kge_vs_pbg.py
+
 clean:
-	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-pbg runs .pytest_cache .mypy_cache .ruff_cache

@@ -158,9 +158,11 @@ def shoal_run(
     evaluate: bool,
     strategy: dict[str, Any] | None = None,
     overrides: dict[str, dict[str, Any]] | None = None,
+    launcher: list[str] | None = None,
 ) -> dict[str, Any]:
     """One shoal run: `local` with sparse rows and lazy Adam, or `strategy` (e.g. a parameter
-    server, whose own optimizer then applies the rows); `overrides` merge into sections."""
+    server, whose own optimizer then applies the rows); `overrides` merge into sections;
+    `launcher` prefixes the command (a profiler that follows its subprocesses)."""
     data = {s: str(DATA / f"{s}.txt.gz") for s in SPLITS}
     if not evaluate:
         data = {"train": data["train"]}  # no held-out split: nothing is evaluated
@@ -197,7 +199,8 @@ def shoal_run(
     path = work / "shoal.toml"
     path.write_text(tomli_w.dumps(config))
     started = time.perf_counter()
-    done = subprocess.run([str(BIN / "shoal"), "train", str(path)], capture_output=True, text=True)
+    command = [*(launcher or []), str(BIN / "shoal"), "train", str(path)]
+    done = subprocess.run(command, capture_output=True, text=True)
     if done.returncode:
         raise RuntimeError(f"shoal train failed: {done.stderr.strip()[-2000:]}")
     wall_s = time.perf_counter() - started

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import tomllib
 from pathlib import Path
 
@@ -22,6 +23,7 @@ def test_there_are_examples() -> None:
         "classification-csv.toml",
         "classification-custom.toml",
         *(f"kge-fb15k237-{model}.toml" for model in ("transe", "distmult", "complex", "rotate")),
+        "lm-tinyshakespeare.toml",
     } <= names
 
 
@@ -43,8 +45,14 @@ def test_example_validates_and_runs(example: Path, tmp_path: Path) -> None:
     ]
     if config.task.type == "kge":  # rank a sample: all of FB15k-237 is for the real runs
         overrides.append("task.evaluation.max_triples=20")
+    if config.task.type == "lm":  # the start of the validation text
+        overrides.append("task.evaluation.max_windows=4")
     results = shoal.train(example, overrides=overrides)
     assert results["status"] == "completed"
     assert results["steps"] == 3
+    assert "valid" in results
+    if config.task.type == "lm":  # nats per token: after 3 steps, near a uniform guess (log V)
+        assert 0.0 < results["valid"]["loss"] < math.log(results["data"]["vocab_size"]) + 1
+        return
     metric = {"classification": "accuracy", "kge": "mrr"}[config.task.type]
-    assert "valid" in results and 0.0 <= results["valid"][metric] <= 1.0
+    assert 0.0 <= results["valid"][metric] <= 1.0

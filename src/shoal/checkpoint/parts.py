@@ -135,6 +135,19 @@ class RankRngs:
         seed_everything(worker_seed(ctx.config.train.seed + self.reseed(), ctx.rank))
 
 
+class TaskFiles:
+    """The files a task writes into every checkpoint folder (an lm task's tokenizer)."""
+
+    def __init__(self, write: Callable[[Path], dict[str, str]]) -> None:
+        self.write = write
+
+    def write_files(self, folder: Path) -> dict[str, str]:
+        return self.write(folder)
+
+    def written(self) -> None:
+        """Nothing to wait for: rank 0 wrote them itself."""
+
+
 def collect(parts: Mapping[str, StatePart], is_main: bool) -> dict[str, Any]:
     """Every part's state (every rank calls every part, in order); rank 0 keeps them."""
     state = {name: part.state_dict() for name, part in parts.items()}

@@ -1,4 +1,4 @@
-"""`shoal train`, `shoal config validate|schema|show`.
+"""`shoal train`, `shoal generate`, `shoal config validate|schema|show`.
 
 User errors print one line each (what, where, how to fix) and exit 2, without a
 traceback; a failed job exits 1 with the rank and error that caused it; a run
@@ -73,6 +73,21 @@ def _show(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _generate(args: argparse.Namespace) -> int:
+    from shoal.tasks.lm.generate import generate
+
+    text = generate(
+        args.run_dir,
+        args.prompt,
+        tokens=args.tokens,
+        temperature=args.temperature,
+        top_k=args.top_k,
+        seed=args.seed,
+    )
+    sys.stdout.write(text if text.endswith("\n") else text + "\n")
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     from shoal import __version__
 
@@ -102,6 +117,19 @@ def build_parser() -> argparse.ArgumentParser:
         "the changes are logged and recorded in metrics.jsonl",
     )
     train.set_defaults(handler=_train)
+
+    generate = commands.add_parser(
+        "generate", help="sample text from a language-model run's best checkpoint"
+    )
+    generate.add_argument("run_dir", metavar="RUN_DIR", help="run directory of an lm run")
+    generate.add_argument("--prompt", required=True, help="text the sample continues")
+    generate.add_argument("--tokens", type=int, default=200, help="tokens to sample (200)")
+    generate.add_argument(
+        "--temperature", type=float, default=1.0, help="divides the logits (1.0; lower: safer)"
+    )
+    generate.add_argument("--top-k", type=int, help="sample among the k likeliest tokens only")
+    generate.add_argument("--seed", type=int, default=0, help="seed of the sampling (0)")
+    generate.set_defaults(handler=_generate)
 
     config = commands.add_parser("config", help="check, show or describe configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")

@@ -12,9 +12,12 @@ from shoal.config.strategy import LocalStrategyConfig, StrategyConfig
 from shoal.config.train import SGDConfig, TrainConfig
 from shoal.tasks.classification.config import ClassificationTaskConfig
 from shoal.tasks.kge.config import KGETaskConfig
+from shoal.tasks.lm.config import LMTaskConfig
 
 # Further tasks join this union, discriminated by `type`.
-TaskConfig = Annotated[ClassificationTaskConfig | KGETaskConfig, Field(discriminator="type")]
+TaskConfig = Annotated[
+    ClassificationTaskConfig | KGETaskConfig | LMTaskConfig, Field(discriminator="type")
+]
 
 
 class ShoalConfig(ConfigModel):

@@ -24,7 +24,11 @@ def print_summary(results: dict[str, Any], console: Console | None = None) -> No
             table.add_row(key, _fmt(results[key]))
     table.add_row("wall time", f"{results.get('wall_time_s', 0.0):,.1f} s")
     if "samples_per_s" in results:
-        table.add_row("throughput", f"{results['samples_per_s']:,.0f} samples/s")
+        throughput = f"{results['samples_per_s']:,.0f} samples/s"
+        tokens = (results.get("data") or {}).get("tokens_per_sample")
+        if tokens:  # language models: a sample is a window of tokens
+            throughput += f" ({results['samples_per_s'] * tokens:,.0f} tokens/s)"
+        table.add_row("throughput", throughput)
     timing = results.get("time_s", {})
     if timing:
         table.add_row(

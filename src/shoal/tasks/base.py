@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -109,6 +110,11 @@ class Task(ABC):
 
     def set_epoch(self, epoch: int) -> None:  # noqa: B027 - optional hook
         """Called before each epoch's first batch (and on resume): epoch-keyed sampling."""
+
+    def checkpoint_files(self, folder: Path) -> dict[str, str]:
+        """Rank 0, while a checkpoint folder is assembled: write files the task needs beside the
+        model to use it again (a tokenizer) into `folder`; returns {file name: sha256}."""
+        return {}
 
     def save_artifacts(self, model: nn.Module) -> None:  # noqa: B027 - optional hook
         """Collective, after training: write what the task leaves in the run directory."""

@@ -9,10 +9,12 @@ from shoal.runtime.context import WorkerContext
 from shoal.tasks.base import Task
 from shoal.tasks.classification.task import ClassificationTask
 from shoal.tasks.kge.task import KGETask
+from shoal.tasks.lm.task import LMTask
 
 TASKS: Registry[Callable[[WorkerContext], Task]] = Registry("task")
 TASKS.add("classification", ClassificationTask)
 TASKS.add("kge", KGETask)
+TASKS.add("lm", LMTask)
 
 
 def build_task(ctx: WorkerContext) -> Task:

@@ -21,7 +21,7 @@ from typing import Any
 
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.checkpoint.manager import CheckpointManager
-from shoal.checkpoint.parts import Fixed, RankRngs, StatePart, load_parts
+from shoal.checkpoint.parts import FilePart, Fixed, RankRngs, StatePart, TaskFiles, load_parts
 from shoal.checkpoint.resume import open_resume
 from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
@@ -179,6 +179,10 @@ class Driver:
             "rng": RankRngs(self.ctx, reseed=lambda: self.progress.global_step),
         }
 
+    def _files(self) -> list[FilePart]:
+        """The task's files (first) and the loop's, written into every checkpoint folder."""
+        return [TaskFiles(self.task.checkpoint_files), *self.loop.file_parts()]
+
     def _sync_time(self) -> None:
         self.progress.train_time_s = self._time_base + time.perf_counter() - self._session_start
 
@@ -197,8 +201,7 @@ class Driver:
         if self._saved_step == p.global_step:
             return  # e.g. every_steps and every_epochs at the same step
         self._sync_time()
-        files = self.loop.file_parts()
-        path = self.checkpoints.save(p.global_step, self._parts(), self._meta(), files)
+        path = self.checkpoints.save(p.global_step, self._parts(), self._meta(), self._files())
         self._saved_step = p.global_step
         if path is not None:
             self.last_checkpoint = path
@@ -209,7 +212,7 @@ class Driver:
         """Collective: the current state into best/ (the selection calls it on improvement)."""
         p = self.progress
         self._sync_time()
-        path = manager.save(p.global_step, self._parts(), self._meta(), self.loop.file_parts())
+        path = manager.save(p.global_step, self._parts(), self._meta(), self._files())
         if path is not None:
             self.metrics.write({"event": "best", "step": p.global_step, "path": str(path)})
         return path

@@ -1,0 +1,172 @@
+"""The language-model task: next-token prediction on a text file, loss per token.
+
+A sample is a window of context + 1 tokens (see :mod:`shoal.tasks.lm.corpus`).
+Its loss is the *mean* cross-entropy over its `context` targets, and a batch's
+`loss_sum` sums that over windows: every training window has exactly `context`
+targets, so this is sum-over-tokens / context. The trainer divides by the global
+number of windows, so the objective is the mean loss per token of the global
+batch, its learning rate does not change with the context length, and N workers
+still reproduce one exactly (the contract of :mod:`shoal.tasks.base`). Reported
+`loss` is in nats per token (per character with the char tokenizer).
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from shoal.runtime.collectives import all_reduce_sum
+from shoal.runtime.context import WorkerContext
+from shoal.tasks.base import LossOutput, Task, rank_slice
+from shoal.tasks.lm.config import LMTaskConfig
+from shoal.tasks.lm.corpus import TrainWindows, eval_windows, load_corpus
+from shoal.tasks.lm.model import build_lm
+from shoal.tasks.lm.tokenizer import TOKENIZER_FILE, Tokenizer
+
+
+def saved_tokenizer(ctx: WorkerContext) -> Tokenizer | None:
+    """A resumed run's tokenizer: the checkpoint's copy, else the run directory's."""
+    if not ctx.resume_from:
+        return None
+    for folder in (Path(ctx.resume_from), ctx.paths.root):
+        if (folder / TOKENIZER_FILE).is_file():
+            return Tokenizer.load(folder / TOKENIZER_FILE)
+    return None
+
+
+class LMTask(Task):
+    """A decoder-only transformer trained to predict the next token of a text."""
+
+    primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")
+    # the parameters' shapes (and the learned position table's), and what the ids mean
+    resume_incompatible: ClassVar[tuple[str, ...]] = (
+        "tokenizer",
+        "model.dim",
+        "model.heads",
+        "model.layers",
+        "model.mlp_ratio",
+        "model.context",
+        "model.bias",
+        "model.position",
+        "model.tie_embeddings",
+    )
+    resume_safe: ClassVar[tuple[str, ...]] = ("evaluation.max_windows",)
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        config = ctx.config.task
+        assert isinstance(config, LMTaskConfig)
+        self.config = config
+        saved = saved_tokenizer(ctx)
+        self.corpus = load_corpus(config, saved)
+        self.tokenizer = self.corpus.tokenizer
+        self.context = config.model.context
+        self.windows = TrainWindows(
+            self.corpus.train, self.context, ctx.config.train.seed, "task.data.train"
+        )
+        if ctx.is_main and saved is None:
+            self.tokenizer.save(ctx.paths.root / TOKENIZER_FILE)
+        valid = self.corpus.valid
+        ctx.log.info(
+            "lm data: %s tokenizer, %d tokens in the vocabulary, %d training tokens "
+            "(%d windows of %d + 1 per epoch), %s validation tokens",
+            self.tokenizer.kind,
+            self.tokenizer.vocab_size,
+            len(self.corpus.train),
+            self.windows.count,
+            self.context,
+            len(valid) if valid is not None else "no",
+        )
+
+    # ------------------------------------------------------------ the Task contract
+    @property
+    def train_size(self) -> int:
+        return self.windows.count
+
+    def build_model(self) -> nn.Module:
+        return build_lm(self.config.model, self.tokenizer.vocab_size)
+
+    def set_epoch(self, epoch: int) -> None:
+        self.windows.set_epoch(epoch)
+
+    def train_batch(self, indices: torch.Tensor) -> torch.Tensor:
+        return self.windows.fetch(indices).to(self.ctx.device, non_blocking=True)
+
+    def loss(self, model: nn.Module, batch: torch.Tensor) -> LossOutput:
+        token_sum = _token_loss_sum(model, batch)
+        return LossOutput(token_sum / self.context, int(batch.shape[0]))
+
+    def eval_splits(self) -> list[str]:
+        return ["valid"] if self.corpus.valid is not None else []
+
+    @torch.no_grad()
+    def evaluate(self, model: nn.Module, split: str) -> dict[str, float]:
+        """Loss per token over the validation text (or its first `max_windows` windows).
+
+        Windows are split over the ranks; sums of losses and of tokens are added up.
+        """
+        tokens = self.corpus.valid
+        if tokens is None or split != "valid":
+            return {}
+        was_training = model.training
+        model.eval()
+        windows = eval_windows(len(tokens), self.context, self.config.evaluation.max_windows)
+        mine = windows[rank_slice(len(windows), self.ctx.rank, self.ctx.world_size)]
+        train = self.ctx.config.train
+        batch_size = train.eval_batch_size or train.batch_size
+        loss_sum, count = 0.0, 0.0
+        for group in _same_length_batches(mine, batch_size):
+            length = group[0][1]
+            starts = torch.tensor([start for start, _ in group])
+            batch = tokens[starts.unsqueeze(1) + torch.arange(length + 1)].to(torch.int64)
+            loss_sum += float(_token_loss_sum(model, batch.to(self.ctx.device)))
+            count += batch.shape[0] * length
+        model.train(was_training)
+        loss_sum, count = all_reduce_sum(self.ctx, [loss_sum, count])
+        loss = loss_sum / max(count, 1.0)
+        return {
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)),
+            "bits_per_token": loss / math.log(2),
+        }
+
+    def checkpoint_files(self, folder: Path) -> dict[str, str]:
+        """Every checkpoint carries the tokenizer its model's ids belong to."""
+        return {TOKENIZER_FILE: self.tokenizer.save(folder / TOKENIZER_FILE)}
+
+    def summary(self) -> dict[str, Any]:
+        valid = self.corpus.valid
+        return {
+            "tokenizer": self.tokenizer.kind,
+            "vocab_size": self.tokenizer.vocab_size,
+            "train_tokens": len(self.corpus.train),
+            "valid_tokens": len(valid) if valid is not None else 0,
+            "windows_per_epoch": self.windows.count,
+            "tokens_per_sample": self.context,
+        }
+
+
+def _token_loss_sum(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
+    """Summed next-token cross-entropy of windows (batch, length + 1)."""
+    logits = model(batch[:, :-1])
+    return F.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum"
+    )
+
+
+def _same_length_batches(
+    windows: list[tuple[int, int]], batch_size: int
+) -> list[list[tuple[int, int]]]:
+    """Consecutive windows in batches of at most `batch_size`, each of one length."""
+    batches: list[list[tuple[int, int]]] = []
+    for window in windows:
+        if batches and len(batches[-1]) < batch_size and batches[-1][0][1] == window[1]:
+            batches[-1].append(window)
+        else:
+            batches.append([window])
+    return batches
