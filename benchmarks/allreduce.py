@@ -38,6 +38,7 @@ from shoal.comm.links import CommGroup
 from shoal.comm.registry import build_aggregator
 from shoal.config.aggregation import AggregationConfig
 from shoal.launch.process_group import loopback_interface
+from shoal.runtime.hosts import Hosts
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 
@@ -84,7 +85,8 @@ def _worker(rank: int, world_size: int, store: str, args: argparse.Namespace, ou
     chosen = {m: c for m, c in methods(world_size).items() if m in args.methods}
     aggregators = {
         name: build_aggregator(
-            adapter.validate_python(config), CommGroup.create(rank, world_size, 2, 300.0)
+            adapter.validate_python(config),
+            CommGroup.create(rank, world_size, Hosts.consecutive(world_size, 2), 300.0),
         )
         for name, config in chosen.items()
     }

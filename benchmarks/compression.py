@@ -3,16 +3,17 @@
     sudo .venv/bin/python benchmarks/compression.py            # 2 workers, 100 Mbit/s, 1 ms
     sudo .venv/bin/python benchmarks/compression.py --rounds 2 --rate-mbit 100 --delay-ms 1
 
-Each worker runs in a network namespace of its own, joined to the others through
-a bridge by a veth pair whose two ends are shaped with `tc netem` (rate and
-delay), so every worker has a slow full-duplex link and one-way latency of
+Each worker is a host of the namespace cluster of the tests
+(tests/cluster/netns.py): a network namespace of its own, joined to the others
+through a bridge by a veth pair whose two ends are shaped with `tc netem` (rate
+and delay), so every worker has a slow full-duplex link and one-way latency of
 `delay-ms` between workers. Where the kernel has no netem (tc answers "Specified
 qdisc kind is unknown"), the ends are shaped by `tbf` (rate only) and the
-script says that no delay was added. The script creates the namespaces, runs each
-contender as a multi-machine job (shoal's torchrun path: RANK, WORLD_SIZE,
-MASTER_ADDR on the bridge subnet, gloo bound to the veth), and removes
-everything at the end, also on failure. Traffic stays between the namespaces it
-created. Needs root, `ip` and `tc` (iproute2).
+script says that no delay was added. The script runs each contender as a
+multi-machine job (shoal's torchrun path: RANK, WORLD_SIZE, MASTER_ADDR of the
+first host; gloo listens where the route to it goes, the host's veth), and the
+cluster removes everything at the end, also on failure. Traffic stays between
+the namespaces it created. Needs root, `ip` and `tc` (iproute2).
 
 Contenders alternate within each round. Time to target is measured from the
 "training ..." line of rank 0's log (after imports and rendezvous) to the
@@ -29,7 +30,6 @@ import datetime
 import json
 import os
 import re
-import shutil
 import statistics
 import subprocess
 import sys
@@ -40,9 +40,10 @@ from typing import Any
 
 import tomli_w
 
-PREFIX = "shoalbench"
-SUBNET = "10.77.0"
-PORT = 29555  # inside private namespaces only: nothing else listens there
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.cluster.netns import Cluster, unavailable  # noqa: E402
 
 CONTENDERS: dict[str, dict[str, Any]] = {
     "dense native": {
@@ -61,108 +62,6 @@ CONTENDERS: dict[str, dict[str, Any]] = {
         "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.9},
     },
 }
-
-
-def sh(*cmd: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(cmd, check=check, capture_output=True, text=True)
-
-
-class SlowNetwork:
-    """N namespaces on a bridge; each worker's veth shaped both ways (netem, else tbf)."""
-
-    def __init__(self, workers: int, rate_mbit: float, delay_ms: float) -> None:
-        self.workers = workers
-        self.rate = f"{rate_mbit}mbit"
-        self.delay = f"{delay_ms / 2}ms"  # half each way: worker -> bridge -> worker = delay
-        self.shaping = ""
-
-    def ns(self, rank: int) -> str:
-        return f"{PREFIX}-w{rank}"
-
-    def address(self, rank: int) -> str:
-        return f"{SUBNET}.{rank + 1}"
-
-    def device(self, rank: int) -> str:
-        return f"sb-w{rank}"
-
-    def __enter__(self) -> SlowNetwork:
-        self.teardown()
-        try:
-            self._build()
-        except BaseException:
-            self.teardown()
-            raise
-        return self
-
-    def _shape(self, ns: str, dev: str) -> None:
-        """netem (rate and delay) if the kernel has it, else tbf (rate only)."""
-        netem = ["netem", "delay", self.delay, "rate", self.rate, "limit", "100000"]
-        tried = sh(
-            "ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", *netem, check=False
-        )
-        if tried.returncode == 0:
-            self.shaping = f"netem rate {self.rate}, delay {self.delay} per veth end"
-            return
-        tbf = ["tbf", "rate", self.rate, "burst", "128kb", "limit", "4mb"]
-        sh("ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, "root", *tbf)
-        self.shaping = (
-            f"tbf rate {self.rate} per veth end, NO added delay (this kernel has no netem: "
-            f"{tried.stderr.strip()})"
-        )
-
-    def _build(self) -> None:
-        bridge = f"{PREFIX}-br"
-        sh("ip", "netns", "add", bridge)
-        sh("ip", "-n", bridge, "link", "add", "br0", "type", "bridge")
-        sh("ip", "-n", bridge, "link", "set", "br0", "up")
-        for rank in range(self.workers):
-            ns, dev, port = self.ns(rank), self.device(rank), f"sb-b{rank}"
-            sh("ip", "netns", "add", ns)
-            sh("ip", "link", "add", dev, "type", "veth", "peer", "name", port)
-            sh("ip", "link", "set", dev, "netns", ns)
-            sh("ip", "link", "set", port, "netns", bridge)
-            sh("ip", "-n", bridge, "link", "set", port, "master", "br0")
-            sh("ip", "-n", bridge, "link", "set", port, "up")
-            sh("ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", dev)
-            sh("ip", "-n", ns, "link", "set", dev, "up")
-            sh("ip", "-n", ns, "link", "set", "lo", "up")
-            self._shape(ns, dev)
-            self._shape(bridge, port)
-        rate = self.measure_rate()
-        print(
-            f"slow network up: {self.workers} workers; {self.shaping}; measured: {rate}", flush=True
-        )
-
-    def measure_rate(self, megabytes: int = 4) -> str:
-        """Send a few MB from worker 1 to worker 0 over TCP: proof that the shaping holds."""
-        server = (
-            "import socket,time;s=socket.socket();s.bind(('0.0.0.0',29556));s.listen(1);"
-            "c,_=s.accept();n=0;t=time.time()\nwhile True:\n d=c.recv(1<<20)\n if not d: break\n"
-            " n+=len(d)\nprint(n*8/(time.time()-t)/1e6)"
-        )
-        client = (
-            "import socket,time\nfor _ in range(50):\n try:\n  c=socket.create_connection("
-            f"('{self.address(0)}',29556));break\n except OSError: time.sleep(0.1)\n"
-            f"c.sendall(b'x'*({megabytes}<<20));c.close()"
-        )
-        listening = subprocess.Popen(
-            ["ip", "netns", "exec", self.ns(0), sys.executable, "-c", server],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        sh("ip", "netns", "exec", self.ns(1), sys.executable, "-c", client)
-        out, _ = listening.communicate(timeout=60)
-        return f"{float(out):.1f} Mbit/s worker 1 -> worker 0 ({megabytes} MB over TCP)"
-
-    def teardown(self) -> None:
-        listed = sh("ip", "netns", "list", check=False).stdout
-        for line in listed.splitlines():
-            name = line.split()[0] if line.strip() else ""
-            if name.startswith(PREFIX):
-                sh("ip", "netns", "del", name, check=False)
-
-    def __exit__(self, *exc: object) -> None:
-        self.teardown()
 
 
 def job_config(
@@ -199,7 +98,7 @@ def job_config(
 
 
 _STAMP = re.compile(r"^(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3}) ")
-_EVAL = re.compile(r"eval valid at step (\d+): .*accuracy ([0-9.]+)")
+_EVAL = re.compile(r"step (\d+) epoch \d+ valid: .*accuracy ([0-9.]+)")  # evaluation.py
 
 
 def _time(line: str) -> float:
@@ -223,13 +122,14 @@ def time_to_target(log: Path, target: float) -> tuple[float, int] | None:
 
 
 def run_contender(
-    net: SlowNetwork, name: str, config: dict[str, Any], folder: Path, args: argparse.Namespace
+    net: Cluster, name: str, config: dict[str, Any], folder: Path, args: argparse.Namespace
 ) -> dict[str, Any]:
     run_name = re.sub(r"[^A-Za-z0-9]+", "-", name).strip("-") + f"-{int(time.time())}"
     config = {**config, "run": {**config["run"], "name": run_name}}
     job = folder / f"{run_name}.toml"
     job.write_text(tomli_w.dumps(config))
     base = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "MASTER_", "SHOAL"))}
+    port = net.free_port(net.hosts[0])
     processes = []
     for rank in range(args.workers):
         env = {
@@ -238,13 +138,12 @@ def run_contender(
             "WORLD_SIZE": str(args.workers),
             "LOCAL_RANK": "0",
             "LOCAL_WORLD_SIZE": "1",
-            "MASTER_ADDR": net.address(0),
-            "MASTER_PORT": str(PORT),
-            "GLOO_SOCKET_IFNAME": net.device(rank),
+            "MASTER_ADDR": net.hosts[0].address,
+            "MASTER_PORT": str(port),
             "OMP_NUM_THREADS": "1",
         }
         shoal = [sys.executable, "-m", "shoal", "train", str(job)]
-        cmd = ["ip", "netns", "exec", net.ns(rank), *shoal]
+        cmd = net.command(net.hosts[rank], shoal)
         out = open(folder / f"{run_name}-rank{rank}.out", "w")  # noqa: SIM115
         processes.append(subprocess.Popen(cmd, env=env, stdout=out, stderr=subprocess.STDOUT))
     log = Path(config["run"]["dir"]) / run_name / "logs" / "rank-0.log"
@@ -290,13 +189,17 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--contenders", nargs="+", default=list(CONTENDERS))
     args = parser.parse_args()
-    if os.geteuid() != 0 or not shutil.which("ip") or not shutil.which("tc"):
-        sys.exit("needs root and iproute2 (ip, tc): apt-get install -y iproute2")
+    why_not = unavailable()
+    if why_not:
+        sys.exit(f"{why_not}: run as root with iproute2 (apt-get install -y iproute2)")
     results: dict[str, list[dict[str, Any]]] = {name: [] for name in args.contenders}
     with (
         tempfile.TemporaryDirectory() as tmp,
-        SlowNetwork(args.workers, args.rate_mbit, args.delay_ms) as net,
+        Cluster(args.workers, tag="compress") as net,
     ):
+        net.shape(args.rate_mbit, args.delay_ms)
+        rate, _ = net.measure_mbit(receiver=0, sender=1, megabytes=4)
+        print(f"slow network up: {args.workers} workers; {net.shaping}; measured {rate:.1f} Mbit/s")
         folder = Path(tmp)
         for round_ in range(args.rounds):
             for name in args.contenders:

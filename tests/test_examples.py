@@ -56,3 +56,22 @@ def test_example_validates_and_runs(example: Path, tmp_path: Path) -> None:
         return
     metric = {"classification": "accuracy", "kge": "mrr"}[config.task.type]
     assert 0.0 <= results["valid"][metric] <= 1.0
+
+
+def test_cluster_examples_run_a_shipped_config() -> None:
+    """The sbatch script is valid bash, the manifest valid YAML; both train examples/multi-host."""
+    import subprocess
+
+    import yaml
+
+    sbatch = REPO / "examples" / "cluster" / "slurm.sbatch"
+    assert subprocess.run(["bash", "-n", str(sbatch)], capture_output=True).returncode == 0
+    assert "srun --kill-on-bad-exit=1 shoal train examples/multi-host.toml" in sbatch.read_text()
+    manifest = REPO / "examples" / "cluster" / "kubernetes-jobset.yaml"
+    (jobset,) = yaml.safe_load_all(manifest.read_text())
+    container = jobset["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"][
+        "containers"
+    ][0]
+    assert "-m shoal train /etc/shoal/job.toml" in container["args"][0]
+    assert "examples/multi-host.toml" in manifest.read_text()
+    assert (REPO / "examples" / "multi-host.toml").is_file()

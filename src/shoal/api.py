@@ -9,8 +9,8 @@ from typing import Any
 
 from shoal.config.loading import ConfigSource
 from shoal.launch.cores import check_cores
+from shoal.launch.environment import external_launch
 from shoal.launch.plan import create_run, plan_job, resume_root
-from shoal.launch.process_group import launched_by_torchrun
 from shoal.run import RunPaths
 from shoal.run.attempt import discard_attempt, stage_config
 from shoal.run.lock import RunLock
@@ -32,9 +32,10 @@ def train(
     items such as "train.epochs=3"; `resume` is a run directory (continue from its
     newest checkpoint) or one checkpoint folder; `allow_changes` lets a resume
     change what the run trains (a learning rate, the data...: see
-    checkpoint/changes.py). Under torchrun, this process joins the launched job
-    instead of starting workers. More worker processes than cores are started
-    with a warning; more than 4 per core are refused (ShoalError) unless `force`.
+    checkpoint/changes.py). Under torchrun (or as a task of a Slurm `srun` step),
+    this process joins the launched job instead of starting workers. More worker
+    processes than cores are started with a warning; more than 4 per core are
+    refused (ShoalError) unless `force`.
 
     This process holds the run directory's lock for the whole job (run/lock.py):
     a second job on the same run is refused, naming this one. A run that SIGTERM
@@ -44,10 +45,11 @@ def train(
     >>> results = shoal.train("examples/demo.toml", workers=2)
     >>> results["valid"]["accuracy"]
     """
-    if launched_by_torchrun():
-        from shoal.launch.external import run_under_torchrun
+    launch = external_launch()
+    if launch is not None:
+        from shoal.launch.external import run_external
 
-        return run_under_torchrun(plan_job(config, overrides, workers, resume, allow_changes))
+        return run_external(plan_job(config, overrides, workers, resume, allow_changes), launch)
     with ExitStack() as held:
         # a resumed run is locked before its checkpoints are even read
         root = resume_root(resume) if resume is not None else None

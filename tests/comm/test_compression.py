@@ -15,13 +15,14 @@ from shoal.comm.compression.powersgd import PowerSGDCompressor
 from shoal.comm.compression.sparse import RandomKCompressor, TopKCompressor, keep_count
 from shoal.comm.links import CommGroup
 from shoal.comm.ring import RingAllReduce
+from shoal.runtime.hosts import Hosts
 
 SHAPES = ((24, 40), (40,), (7, 3, 5), (11,))
 NUMEL = sum(torch.Size(s).numel() for s in SHAPES)
 
 
 def _aggregator(compressor: Compressor) -> tuple[CompressedAggregator, torch.Tensor]:
-    links = CommGroup(rank=0, world_size=1, local_world_size=1, timeout_s=10)
+    links = CommGroup(rank=0, world_size=1, hosts=Hosts.single(1), timeout_s=10)
     aggregator = CompressedAggregator(compressor, RingAllReduce(links))
     bucket = torch.zeros(NUMEL)
     names = tuple(f"p{i}" for i in range(len(SHAPES)))

@@ -15,6 +15,7 @@ from shoal.comm.gossip import GossipSync
 from shoal.comm.links import CommGroup
 from shoal.comm.topology import check_adjacency, metropolis_hastings, neighbours, torus_shape
 from shoal.errors import ShoalError
+from shoal.runtime.hosts import Hosts
 from tests.comm.group import TIMEOUT_S, run_in_group
 
 
@@ -81,7 +82,7 @@ def _run_gossip(rank: int, world_size: int, out: str) -> None:
         if rank >= size:
             continue
         model = _Point(rank)
-        links = CommGroup(rank, size, size, TIMEOUT_S, group if size > 1 else None)
+        links = CommGroup(rank, size, Hosts.single(size), TIMEOUT_S, group if size > 1 else None)
         sync = GossipSync(model, links, neighbours(topology, size))  # type: ignore[arg-type]
         optimizer = torch.optim.SGD(model.parameters(), lr=CURVATURE_LR)
         distances = [sync.consensus_distance()]

@@ -10,6 +10,7 @@ import torch
 
 from shoal.comm.links import CommGroup, PeerTimeout, rank_chunks
 from shoal.comm.ring import RingAllReduce
+from shoal.runtime.hosts import Hosts
 from tests.comm.group import run_in_group
 
 
@@ -24,7 +25,7 @@ def test_rank_chunks_cover_any_length() -> None:
 
 
 def _silent_peer(rank: int, world_size: int) -> None:
-    links = CommGroup.create(rank, world_size, world_size, timeout_s=2.0)
+    links = CommGroup.create(rank, world_size, Hosts.single(world_size), timeout_s=2.0)
     if rank == 1:
         time.sleep(4)  # alive, but never takes part
         return

@@ -22,6 +22,7 @@ from shoal.comm.aggregators import BucketSpec
 from shoal.comm.links import CommGroup
 from shoal.comm.registry import AGGREGATORS, COMPRESSORS, build_aggregator
 from shoal.config.aggregation import AggregationConfig
+from shoal.runtime.hosts import Hosts
 from tests.comm.group import TIMEOUT_S, run_in_group
 
 DTYPES = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (2e-2, 2e-2)}
@@ -96,8 +97,10 @@ def _check(
 def _exact_methods(rank: int, world_size: int) -> None:
     failures: list[str] = []
     adapter = TypeAdapter(AggregationConfig)
-    # one private group serves every variant in turn ("hosts" of 2 ranks for hierarchical)
-    links = CommGroup.create(rank, world_size, 2, TIMEOUT_S)
+    # one private group serves every variant in turn; hierarchical's default groups by host, here
+    # two hosts whose ranks are not consecutive (even ranks on one, odd on the other)
+    hosts = Hosts.from_ranks([(f"host{r % 2}", f"10.0.0.{r % 2}") for r in range(world_size)])
+    links = CommGroup.create(rank, world_size, hosts, TIMEOUT_S)
     for variant in method_variants(world_size):
         aggregator = build_aggregator(adapter.validate_python(variant), links)
         for dtype, tolerance in DTYPES.items():

@@ -53,7 +53,7 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "bad.toml:7: train.learning_rate: unknown key; allowed here: batch_size, drop_last, "
         "early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
         "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
-        "mixed_precision, on_nonfinite, optimizer, seed, shuffle, warmup_steps",
+        "mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, warmup_steps",
     ),
     (
         "unknown strategy",
@@ -80,7 +80,7 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         GOOD + '\n[strategy]\ntype = "parameter_server"\nservers = 2\n',
         [],
         "bad.toml:10: strategy.servers: unknown key; did you mean 'num_servers'? allowed here: "
-        "barrier_timeout_s, "
+        "barrier_timeout_s, colocate_by_host, "
         "max_message_rows, max_staleness, mode, num_servers, num_workers, optimizer, placement, "
         "prefetch, sharding, type, worker_memory_budget_mb",
     ),
@@ -111,15 +111,15 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         + '\n[strategy]\ntype = "parameter_server"\nplacement = "colocated"\nnum_workers = 1\n'
         + "num_servers = 2\n",
         [],
-        'bad.toml:8: strategy: placement = "colocated" runs a server inside each of the first '
-        "num_servers workers: num_servers (2) must be <= num_workers (1); lower it or use "
+        'bad.toml:8: strategy: placement = "colocated" runs each server inside a worker: '
+        "num_servers (2) must be <= num_workers (1); lower it or use "
         'placement = "dedicated"',
     ),
     (
         "unknown task",
         '[task]\ntype = "regression"\n\n[train]\nepochs = 1\nbatch_size = 8\n',
         [],
-        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification, kge",
+        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification, kge, lm",
     ),
     (
         "missing train",
@@ -240,7 +240,21 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "--set: train.epoch: unknown key; did you mean 'epochs'? allowed here: batch_size, drop_last, "
         "early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
         "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
-        "mixed_precision, on_nonfinite, optimizer, seed, shuffle, warmup_steps",
+        "mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, warmup_steps",
+    ),
+    (
+        "bind to every interface",
+        GOOD + '\n[run]\nbind = "0.0.0.0"\n',
+        [],
+        "bad.toml:9: run.bind: '0.0.0.0': peers cannot connect to it; give the address (or "
+        "interface) of the network the hosts share, e.g. '10.0.0.5' or 'eth0'",
+    ),
+    (
+        "bind neither address nor interface",
+        GOOD,
+        ["--set", "run.bind=10.0.0.300"],
+        "--set: run.bind: '10.0.0.300' is neither an IP address, a network such as '10.0.0.0/24', "
+        "nor an interface name such as 'eth0'",
     ),
 ]
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Sequence
 
@@ -21,7 +20,7 @@ def _train(args: argparse.Namespace) -> int:
     from rich.console import Console
 
     from shoal.api import train
-    from shoal.launch.process_group import launched_by_torchrun
+    from shoal.launch.environment import external_launch
     from shoal.monitor.summary import print_summary
 
     results = train(
@@ -32,7 +31,8 @@ def _train(args: argparse.Namespace) -> int:
         force=args.force,
         allow_changes=args.allow_changes,
     )
-    if launched_by_torchrun() and os.environ.get("RANK", "0") != "0":
+    launch = external_launch()
+    if launch is not None and launch.placement.rank != 0:
         return EXIT_OK  # rank 0 prints the summary
     console = Console()
     print_summary(results, console)
@@ -162,11 +162,12 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 def entry() -> None:
     """The `shoal` command and `python -m shoal`."""
-    from shoal.launch.process_group import exit_process, launched_by_torchrun
+    from shoal.launch.environment import external_launch
+    from shoal.launch.process_group import exit_process
 
     code = main()
-    if launched_by_torchrun():
-        exit_process(code)  # a torchrun worker: see exit_process for why it skips finalization
+    if external_launch() is not None:
+        exit_process(code)  # a torchrun or srun task: exit_process says why
     sys.exit(code)
 
 

@@ -1,7 +1,9 @@
 """Hierarchical all-reduce: reduce inside groups, all-reduce among leaders, broadcast back.
 
-Ranks are cut into consecutive groups of `branching_factor` (by default the
-ranks of one host, so under torchrun a group is a machine). Each group reduces
+By default a group is a machine: the ranks that share a host (as the job
+learnt when it started, whatever their numbers), so under torchrun or Slurm
+with 2 hosts of 4 ranks there are 2 groups of 4. With `branching_factor` the
+ranks are cut into consecutive groups of that size instead. Each group reduces
 to its first rank over a binomial tree, the group leaders all-reduce over a
 ring, and each leader broadcasts the sum over its group's tree. Only leaders
 cross the slow links between hosts, once per bucket and with the ring's
@@ -39,9 +41,16 @@ class HierarchicalAllReduce(BlockingAggregator):
 
     def __init__(self, links: CommGroup, branching_factor: int | None = None) -> None:
         super().__init__(links)
-        self.branching_factor = max(1, branching_factor or links.local_world_size)
-        self.groups = hierarchical_groups(links.world_size, self.branching_factor)
-        self.group = self.groups[links.rank // self.branching_factor]
+        if branching_factor:
+            self.groups = hierarchical_groups(links.world_size, branching_factor)
+        else:
+            if links.hosts.world_size != links.world_size:
+                raise ValueError(
+                    f"hosts describe {links.hosts.world_size} ranks, the group has "
+                    f"{links.world_size}"
+                )
+            self.groups = links.hosts.groups
+        self.group = next(group for group in self.groups if links.rank in group)
         self.leaders = [group[0] for group in self.groups]
 
     @classmethod

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from shoal.runtime.hosts import Hosts
+
 _SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
 
 #: the tag of aggregation traffic (a private group: one tag is enough)
@@ -59,27 +61,25 @@ class CommGroup:
     """This rank's place in an aggregator's private group, and its point-to-point traffic.
 
     `group` is None for a world of one (nothing is ever sent then).
-    `local_world_size` is the number of ranks on this host (hierarchical groups).
+    `hosts` says which ranks share a machine (hierarchical groups).
     """
 
     rank: int
     world_size: int
-    local_world_size: int
+    hosts: Hosts
     timeout_s: float
     group: dist.ProcessGroup | None = None
     sent_bytes: int = field(default=0)
 
     @classmethod
-    def create(
-        cls, rank: int, world_size: int, local_world_size: int, timeout_s: float
-    ) -> CommGroup:
+    def create(cls, rank: int, world_size: int, hosts: Hosts, timeout_s: float) -> CommGroup:
         """Collective: every rank creates its aggregators in the same order."""
         group = None
         if world_size > 1:
             group = dist.new_group(
                 backend=dist.get_backend(), timeout=datetime.timedelta(seconds=timeout_s)
             )
-        return cls(rank, world_size, local_world_size, timeout_s, group)
+        return cls(rank, world_size, hosts, timeout_s, group)
 
     def irecv(self, peer: int, tensor: torch.Tensor, what: str) -> Transfer:
         """Post a receive from `peer` into `tensor` (nothing for an empty tensor)."""

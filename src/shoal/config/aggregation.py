@@ -119,8 +119,8 @@ class HierarchicalAggregationConfig(ConfigModel):
     branching_factor: int | None = Field(
         None,
         ge=1,
-        description="Ranks per group (default: the workers of one host, so one group per "
-        "machine under torchrun).",
+        description="Ranks per group, consecutive ranks (default: the ranks that share a "
+        "host, so one group per machine under torchrun or Slurm).",
     )
     compression: CompressionConfig | None = Field(None, description=_COMPRESSION_HELP)
 

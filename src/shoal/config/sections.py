@@ -2,11 +2,38 @@
 
 from __future__ import annotations
 
+import ipaddress
+import re
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, field_validator
 
 from shoal.config.base import ConfigModel
+
+INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")
+
+
+def check_bind(value: str) -> str:
+    """`run.bind`: an address, a network (CIDR) or an interface name (checked on each host
+    when it joins: shoal.launch.network)."""
+    try:
+        if "/" in value:
+            ipaddress.ip_network(value, strict=False)
+            return value
+        address = ipaddress.ip_address(value)
+    except ValueError:
+        if INTERFACE_NAME.match(value) and not re.match(r"^[\d.]+$", value):
+            return value
+        raise ValueError(
+            f"{value!r} is neither an IP address, a network such as '10.0.0.0/24', nor an "
+            "interface name such as 'eth0'"
+        ) from None
+    if address.is_unspecified or address.is_multicast:
+        raise ValueError(
+            f"{value!r}: peers cannot connect to it; give the address (or interface) of the "
+            "network the hosts share, e.g. '10.0.0.5' or 'eth0'"
+        )
+    return value
 
 
 class CheckpointConfig(ConfigModel):
@@ -49,6 +76,26 @@ class RunConfig(ConfigModel):
     threads_per_worker: int | None = Field(
         None, ge=1, description="CPU threads per worker (default: cores / workers on this host)."
     )
+    bind: str | None = Field(
+        None,
+        description="Multi-host jobs (torchrun, Slurm): where this host's workers listen for "
+        "their peers (gloo). An interface name ('eth0', 'ib0'), a network every host has an "
+        "address in ('10.1.0.0/16'), or one host's address (pass per host with --set "
+        "run.bind=...). Default: the address this host uses to reach MASTER_ADDR (127.0.0.1 "
+        "on one host). shoal's own launcher always stays on 127.0.0.1.",
+    )
+    secret_file: str | None = Field(
+        None,
+        description="Multi-host jobs (torchrun, Slurm): a file holding the job's secret (16 "
+        "bytes or more, e.g. 64 hex digits), the same on every host; only processes that know "
+        "it may join, and heartbeats are sealed with it. SHOAL_JOB_SECRET in the environment "
+        "takes precedence. The secret itself never goes into the config or the run directory.",
+    )
+
+    @field_validator("bind")
+    @classmethod
+    def _check_bind(cls, value: str | None) -> str | None:
+        return None if value is None else check_bind(value)
 
 
 class MonitorConfig(ConfigModel):

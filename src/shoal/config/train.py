@@ -87,6 +87,27 @@ OptimizerConfig = Annotated[
 ]
 
 
+class PlateauConfig(ConfigModel):
+    """Multiply the learning rate by `factor` when the task's validation metric stops improving
+    (torch's ReduceLROnPlateau, as LibKGE uses it), down to min_lr_ratio * lr."""
+
+    factor: float = Field(0.5, gt=0, lt=1, description="Multiplies the learning rate at a plateau.")
+    patience: int = Field(
+        5,
+        ge=0,
+        description="Evaluations without improvement tolerated; the next one lowers the rate.",
+    )
+    threshold: float = Field(
+        1e-4,
+        ge=0,
+        description="Relative improvement that counts: better than best * (1 + threshold) "
+        "(max metrics) or best * (1 - threshold) (min metrics).",
+    )
+    cooldown: int = Field(
+        0, ge=0, description="Evaluations after a reduction before patience counts again."
+    )
+
+
 class TrainConfig(ConfigModel):
     """How the model is optimized. `batch_size` is global: the same problem at any world size."""
 
@@ -119,8 +140,14 @@ class TrainConfig(ConfigModel):
     warmup_steps: int = Field(
         0, ge=0, description="Linear learning-rate warm-up from 0 over this many steps."
     )
-    lr_decay: Literal["constant", "linear", "cosine"] = Field(
-        "constant", description="Learning-rate decay after warm-up, down to min_lr_ratio * lr."
+    lr_decay: Literal["constant", "linear", "cosine", "plateau"] = Field(
+        "constant",
+        description="Learning-rate decay after warm-up, down to min_lr_ratio * lr: constant, "
+        "linear, cosine (by step), or plateau (by the validation metric, see `plateau`).",
+    )
+    plateau: PlateauConfig = Field(
+        default_factory=PlateauConfig,
+        description="lr_decay = plateau: factor, patience, threshold, cooldown (read only then).",
     )
     min_lr_ratio: float = Field(
         0.0, ge=0, le=1, description="Final learning rate of a decay, as a fraction of lr."
@@ -167,6 +194,10 @@ class TrainConfig(ConfigModel):
             raise ValueError(
                 'mixed_precision = "fp16" overflows now and then by design (the loss scale then '
                 'backs off); set on_nonfinite = "skip_step"'
+            )
+        if self.lr_decay == "plateau" and self.eval_every_epochs == 0:
+            raise ValueError(
+                'lr_decay = "plateau" lowers the rate after evaluations; set eval_every_epochs >= 1'
             )
         if self.micro_batches > self.batch_size:
             raise ValueError(

@@ -1,35 +1,49 @@
-"""Join a job launched by torchrun (or any launcher that sets RANK, WORLD_SIZE, MASTER_*).
+"""Join a job that another launcher started: torchrun, or the tasks of a Slurm `srun` step.
 
 The same config and command run on many machines:
-`torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT -m shoal train job.toml`.
-Rank 0 creates the run directory (or takes the resumed one), holds its lock for
-the whole job (run/lock.py), and tells the others its name, or why it cannot,
-over the process group. Rank 0 writes metrics, results and checkpoints; every
-rank writes its log under the same run directory on its own machine.
+`torchrun --nnodes 2 --nproc-per-node 4 --rdzv-endpoint HOST:PORT -m shoal train job.toml`
+or `srun --ntasks-per-node 4 shoal train job.toml`. Every rank first settles where
+its peers reach it (`[run] bind`, see network.py) and joins the process group:
+under torchrun through torchrun's store (MASTER_ADDR, MASTER_PORT); under Slurm
+rank 0 hosts the store itself, listening only on the address MASTER_ADDR names.
+The ranks then learn which of them share a host. Rank 0 creates the run
+directory (or takes the resumed one), holds its lock for the whole job
+(run/lock.py), and tells the others its name, or why it cannot, over the
+process group. Rank 0 writes metrics, results and checkpoints; every rank writes
+its log under the same run directory on its own machine.
 """
 
 from __future__ import annotations
 
+import datetime
 import json
+import socket
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from shoal.checkpoint.atomic import atomic_write_bytes
-from shoal.config import dump_config
-from shoal.errors import RunStopped, ShoalError
+from shoal.config import ShoalConfig, dump_config
+from shoal.errors import JobFailed, RunStopped, ShoalError
+from shoal.launch.admission import Claim, job_signer, join
+from shoal.launch.environment import ExternalLaunch
+from shoal.launch.hostwatch import HostWatch, StoreAddress, end_process
 from shoal.launch.job import run_job
+from shoal.launch.network import resolve_bind, use_for_gloo
 from shoal.launch.plan import JobPlan
-from shoal.launch.process_group import Placement, join_process_group, shutdown_process_group
-from shoal.launch.reports import write_report
+from shoal.launch.process_group import join_process_group, shutdown_process_group
+from shoal.launch.reports import is_communication_error, write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths, create_run_dir
 from shoal.run.lock import RunLock
+from shoal.runtime.auth import Signer, new_secret
 from shoal.runtime.collectives import barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.hosts import Hosts
 from shoal.runtime.stop import stop_on_signals
 
 
@@ -43,15 +57,61 @@ class _Peers:
     distributed: bool = True
 
 
-def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
-    placement = Placement.from_env()
+def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
+    """The job's store: torchrun's (every rank connects), or a Slurm step's (rank 0 hosts it).
+
+    Rank 0 of a Slurm step listens on the address MASTER_ADDR resolves to, which
+    must be one of its own: never on every interface of the machine.
+    """
+    timeout = datetime.timedelta(seconds=config.faults.start_timeout_s)
+    host, port = launch.master_addr, launch.master_port
+    if not launch.hosts_store:
+        return dist.TCPStore(host, port, is_master=False, timeout=timeout, wait_for_workers=False)
+    try:
+        family, _, _, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+        listener = socket.socket(family, socket.SOCK_STREAM)
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        listener.bind(address)
+        listener.listen(128)
+    except OSError as exc:
+        raise ShoalError(
+            f"Slurm: rank 0 (host {socket.gethostname()}) cannot listen on MASTER_ADDR:MASTER_PORT "
+            f"{host}:{port} ({exc.strerror or exc}); MASTER_ADDR must name this host (the step's "
+            "first node) and the port must be free: export MASTER_ADDR / MASTER_PORT before srun"
+        ) from None
+    return dist.TCPStore(
+        host,
+        port,
+        is_master=True,
+        timeout=timeout,
+        wait_for_workers=False,
+        master_listen_fd=listener.detach(),
+    )
+
+
+def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
+    placement = launch.placement
     rank, world_size = placement.rank, placement.world_size
     config = plan.config
-    device, backend = join_process_group(config, placement)
+    binding = resolve_bind(config.run.bind, launch.master_addr)
+    use_for_gloo(binding)
+    signer = job_signer(config.run)
+    store = job_store(launch, config)
+    where = f"{launch.master_addr}:{launch.master_port}"
+    me = Claim(rank, socket.gethostname(), binding.address)
+    admission, doors = join(
+        store, f"shoal/join/{launch.attempt}", signer, me, world_size,
+        config.faults.start_timeout_s, where,
+    )  # fmt: skip
+    group_store = dist.PrefixStore(admission.prefix, store)
+    device, backend = join_process_group(config, placement, group_store)
     failed = False
     held = ExitStack()
+    watch: HostWatch | None = None
     try:
         peers = _Peers(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
+        hosts = Hosts.gather(peers, binding.address)
+        beats = admission.derived_signer("heartbeats") or _drawn_signer(peers)
         claim: dict[str, str] = {}
         if rank == 0:
             try:
@@ -67,6 +127,33 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         barrier(peers)
         log = worker_logger(rank, paths.log_file(rank))
+        log.info(
+            "rank %d of %d joined (%s, %s on %s; store %s); gloo listens on %s; hosts: %s",
+            rank,
+            world_size,
+            launch.launcher,
+            backend,
+            device,
+            where,
+            binding.describe(),
+            hosts.describe(),
+        )
+        if rank == 0 and plan.world_size != world_size:
+            log.warning(
+                "the config describes %d worker processes, %s started %d: the job runs on %d",
+                plan.world_size,
+                launch.launcher,
+                world_size,
+                world_size,
+            )
+        if doors is not None:
+            for line in doors.refusals:
+                log.warning("%s", line)
+            doors.log = log
+        watch = HostWatch(
+            StoreAddress(launch.master_addr, launch.master_port), rank, hosts, config.faults,
+            beats, log, on_lost=lambda message: end_process(log, message), doors=doors,
+        )  # fmt: skip
         ctx = WorkerContext(
             config=config,
             paths=paths,
@@ -76,10 +163,12 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
             local_world_size=placement.local_world_size,
             device=device,
             backend=backend,
-            launch_mode="torchrun",
+            launch_mode=launch.launcher,
             log=log,
+            hosts=hosts,
             resume_from=plan.resume_from,
             allow_changes=plan.allow_changes,
+            heartbeat=watch.heartbeat,
         )
         try:
             with stop_on_signals(log):
@@ -89,15 +178,28 @@ def run_under_torchrun(plan: JobPlan) -> dict[str, Any]:
             raise
         except Exception as exc:
             failed = True
+            if is_communication_error(exc):  # a peer is gone: the watch may name its host
+                lost = watch.explain(within_s=config.faults.heartbeat_timeout_s + 2.0)
+                if lost is not None:  # (the watch is ending this process already)
+                    raise JobFailed(lost) from exc
             log.exception("rank %d failed", rank)
             write_report(paths.error_file(rank), rank, -1, exc)
             raise
         finally:
+            watch.finish(ok=not failed)
             close_logger(log)
         return results
     finally:
         shutdown_process_group(graceful=not failed)
         held.close()
+        del store
+
+
+def _drawn_signer(peers: _Peers) -> Signer:
+    """A job without a secret: rank 0 draws one for the heartbeats and sends it over the
+    process group (whose members were all admitted), never through the store."""
+    drawn = broadcast_bytes(peers, new_secret().encode() if peers.rank == 0 else None)
+    return Signer(drawn)
 
 
 def _claim_run(plan: JobPlan, held: ExitStack) -> Path:

@@ -14,6 +14,7 @@ from shoal.launch.reports import write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.hosts import Hosts
 from shoal.runtime.stop import raise_now, stop_on_signals
 
 
@@ -42,6 +43,7 @@ def run_in_process(
             backend=None,
             launch_mode="inprocess",
             log=log,
+            hosts=Hosts.single(1),
             resume_from=resume_from,
             allow_changes=allow_changes,
         )

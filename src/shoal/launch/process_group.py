@@ -6,6 +6,7 @@ import contextlib
 import datetime
 import os
 import socket
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -18,11 +19,6 @@ from shoal.errors import ShoalError
 #: set by shoal's own launcher in its workers' environment
 LAUNCHER_ENV = "SHOAL_LAUNCHER"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-
-
-def launched_by_torchrun() -> bool:
-    """True when this process is one rank of an externally launched job (torchrun, SLURM...)."""
-    return all(v in os.environ for v in TORCHRUN_VARS) and LAUNCHER_ENV not in os.environ
 
 
 def pick_device(run: RunConfig, local_rank: int) -> torch.device:
@@ -59,8 +55,8 @@ class Placement:
     local_world_size: int
 
     @classmethod
-    def from_env(cls) -> Placement:
-        env = os.environ
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Placement:
+        env = os.environ if env is None else env
         rank, world_size = int(env["RANK"]), int(env["WORLD_SIZE"])
         return cls(
             rank=rank,

@@ -34,6 +34,7 @@ from shoal.run import RunPaths
 from shoal.runtime.auth import SECRET_ENV, Signer
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.heartbeat import Heartbeat
+from shoal.runtime.hosts import Hosts
 from shoal.runtime.stop import stop_on_signals
 
 
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
                 backend=backend,
                 launch_mode="shoal",
                 log=log,
+                hosts=Hosts.single(world_size),
                 resume_from=args.resume,
                 allow_changes=args.allow_changes,
                 heartbeat=heartbeat,

@@ -10,11 +10,12 @@ import torch
 
 from shoal.config import ShoalConfig
 from shoal.run import RunPaths
+from shoal.runtime.hosts import Hosts
 
 if TYPE_CHECKING:
     from shoal.runtime.heartbeat import Heartbeat
 
-LaunchMode = Literal["inprocess", "shoal", "torchrun"]
+LaunchMode = Literal["inprocess", "shoal", "torchrun", "slurm"]
 
 
 @dataclass
@@ -36,6 +37,8 @@ class WorkerContext:
     backend: str | None
     launch_mode: LaunchMode
     log: logging.Logger
+    #: which ranks share a machine (placement by host, naming a lost host)
+    hosts: Hosts
     resume_from: str | None = None
     #: `--allow-changes`: a resume may change what the run trains (checkpoint/changes.py)
     allow_changes: bool = False

@@ -46,17 +46,11 @@ class RankRoles:
         return cls(world_size, workers, item=item, items=items, items_field=items_field)
 
     @classmethod
-    def parameter_server(cls, workers: int, servers: int, dedicated: bool) -> RankRoles:
-        """Dedicated: ranks 0..W-1 train, W..W+S-1 serve. Colocated: every rank trains and
-        rank s < S also runs server s."""
-        first = workers if dedicated else 0
-        world = workers + (servers if dedicated else 0)
-        return cls(
-            world,
-            tuple(range(workers)),
-            tuple(range(first, first + servers)),
-            dims={"data": workers},
-        )
+    def parameter_server(cls, workers: int, servers: list[int], dedicated: bool) -> RankRoles:
+        """Ranks 0..W-1 train; server s runs on `servers[s]` (dedicated: ranks W..W+S-1;
+        colocated: worker ranks, dealt over the hosts by the strategy's placement)."""
+        world = workers + (len(servers) if dedicated else 0)
+        return cls(world, tuple(range(workers)), tuple(servers), dims={"data": workers})
 
     # ------------------------------------------------------------ questions
     def is_worker(self, rank: int) -> bool:

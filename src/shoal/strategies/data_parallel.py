@@ -60,9 +60,7 @@ class DataParallelStrategy(Strategy):
                 'in this version; on CUDA use method = "native" (NCCL) without compression, '
                 'or set run.device = "cpu"'
             )
-        links = CommGroup.create(
-            ctx.rank, ctx.world_size, ctx.local_world_size, ctx.config.faults.timeout_s
-        )
+        links = CommGroup.create(ctx.rank, ctx.world_size, ctx.hosts, ctx.config.faults.timeout_s)
         if isinstance(aggregation, GossipAggregationConfig):
             adjacency = neighbours(aggregation.topology, ctx.world_size)
             self.sync = GossipSync(model, links, adjacency)

@@ -152,6 +152,16 @@ class Driver:
         if self.selection.track(self.last_eval):
             self.reporter.note(self.selection.message)
             self.ctx.log.info("%s", self.selection.message)
+        self._observe_for_schedule()
+
+    def _observe_for_schedule(self) -> None:
+        """Hand the validation value of the primary metric to the loop's schedule
+        (lr_decay = "plateau" lowers the rate on it)."""
+        splits = self.task.eval_splits()
+        name, direction = self.task.primary_metric
+        value = self.last_eval.get(splits[0], {}).get(name) if splits else None
+        if value is not None:
+            self.loop.observe_metric(value, direction)
 
     def _test_and_save_artifacts(self) -> None:
         """Put the best model in place, evaluate the test splits with it, save artifacts."""

@@ -26,7 +26,7 @@ from shoal.training.batching import local_share, micro_batches
 from shoal.training.contracts import GradientSync
 from shoal.training.meter import StepStats
 from shoal.training.nonfinite import describe_nonfinite
-from shoal.training.optim import WarmupDecay, build_optimizer, build_scheduler
+from shoal.training.optim import WarmupDecay, build_factor, build_optimizer, build_scheduler
 from shoal.training.precision import Precision
 
 #: learner parts a checkpoint may lack: older ones kept no optimizer kind; fp16 only
@@ -65,7 +65,7 @@ class Learner:
 
     @property
     def lr(self) -> float:
-        return float(self.scheduler.get_last_lr()[0])
+        return float(self.optimizer.param_groups[0]["lr"])
 
     def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats:
         """One optimizer step on this learner's share of `global_batch` (sample indices).
@@ -162,15 +162,30 @@ class Learner:
             self.optimizer.load_state_dict(state)
 
     def _load_scheduler(self, state: dict[str, Any]) -> None:
-        """After the optimizer: the schedule of the current config, at the saved step."""
+        """After the optimizer: the schedule of the current config (a resumed run may have
+        been extended) at the saved step, continuing the plateau state the checkpoint saved."""
         fresh = self._fresh
         self.scheduler.load_state_dict(state)
-        self.scheduler.lr_lambdas[0] = WarmupDecay(
-            self.train.warmup_steps, self.total_steps, self.train.lr_decay, self.train.min_lr_ratio
-        )
+        factor = build_factor(self.train, self.total_steps)
+        saved = self.scheduler.lr_lambdas[0]
+        assert isinstance(saved, WarmupDecay)
+        factor.take_state(saved)
+        self.scheduler.lr_lambdas[0] = factor
         self.scheduler.base_lrs = [g["initial_lr"] for g in fresh]
         step = self.scheduler.last_epoch
         for group, settings in zip(self.optimizer.param_groups, fresh, strict=True):
             group.update({k: v for k, v in settings.items() if k != "lr"})
-            group["lr"] = group["initial_lr"] * self.scheduler.lr_lambdas[0](step)
+            group["lr"] = group["initial_lr"] * factor(step)
         self.scheduler._last_lr = [group["lr"] for group in self.optimizer.param_groups]
+
+    def observe_metric(self, value: float, direction: str) -> None:
+        """An evaluation's value of the task's primary metric: lr_decay = "plateau" may lower
+        the rate, from the next step on."""
+        factor = self.scheduler.lr_lambdas[0]
+        assert isinstance(factor, WarmupDecay)
+        if factor.observe(value, direction):
+            step = self.scheduler.last_epoch
+            for group, base in zip(
+                self.optimizer.param_groups, self.scheduler.base_lrs, strict=True
+            ):
+                group["lr"] = base * factor(step)

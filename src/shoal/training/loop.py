@@ -147,6 +147,11 @@ class UnitLoop(Protocol):
         """Record what is pending (a partial logging interval) before the run ends."""
         ...
 
+    def observe_metric(self, value: float, direction: str) -> None:
+        """After each validation: the primary metric's value, for a schedule that follows
+        it (lr_decay = "plateau")."""
+        ...
+
     def model_of_record(self) -> ModelOfRecord: ...
 
     def section(self) -> dict[str, Any]:

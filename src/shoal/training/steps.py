@@ -56,6 +56,8 @@ class StepLearner(Protocol):
 
     def parts(self) -> dict[str, StatePart]: ...
 
+    def observe_metric(self, value: float, direction: str) -> None: ...
+
 
 class LocalModel:
     """The model of record of a learner that holds its model: the best is a copy in memory."""
@@ -178,6 +180,9 @@ class StepLoop:
 
     def model_of_record(self) -> ModelOfRecord:
         return self.record
+
+    def observe_metric(self, value: float, direction: str) -> None:
+        self.learner.observe_metric(value, direction)
 
     # ---------------------------------------------------------------- the units
     def start(self) -> None:

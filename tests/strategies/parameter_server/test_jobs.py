@@ -249,3 +249,42 @@ def test_every_model_and_sampling_scheme_learns(
         )
     )
     assert results["test"]["mrr"] > 2 * random_mrr(results["data"]["entities"])
+
+
+def test_sync_with_libkge_options_reproduces_one_process(runs: Path, graph: dict[str, str]) -> None:
+    """Reciprocal relations (served: 2 x relations rows), negatives on both sides and weighted
+    L3 regularization, all on rows a batch names: sync with 2 workers == local SGD."""
+    task: dict[str, Any] = {
+        "model": {"type": "distmult", "reciprocal": True},
+        "negatives": {"num_negatives_s": 3, "num_negatives_o": 5, "chunk_size": 8},
+        "loss": {"kind": "softmax"},
+        "regularization": {"kind": "lp", "p": 3, "weight": 1e-3, "relation_weight": 1e-4},
+    }
+    local = shoal.train(job(runs, graph, "local-libkge", train=DROP_LAST, task=task))
+    served = shoal.train(job(runs, graph, "ps-libkge", strategy=ps(), train=DROP_LAST, task=task))
+    model, tables = final_state(local)["model"], ps_tables(served)
+    assert tables["relation"].shape[0] == 2 * served["data"]["relations"]
+    torch.testing.assert_close(tables["entity"], model["entity.weight"], rtol=0, atol=1e-5)
+    torch.testing.assert_close(tables["relation"], model["relation.weight"], rtol=0, atol=1e-5)
+    assert served["test"]["mrr"] == pytest.approx(local["test"]["mrr"], abs=1e-4)
+
+
+@pytest.mark.parametrize(
+    ("task", "message"),
+    [
+        ({"training": "1vsAll", "loss": {"kind": "softmax"}}, "training.type = '1vsAll'"),
+        (
+            {"training": {"type": "KvsAll"}, "loss": {"kind": "bce"}},
+            "whole entity table each step",
+        ),
+        ({"regularization": {"kind": "l2", "weight": 0.1, "weighted": False}}, "weighted = true"),
+    ],
+)
+def test_what_scores_every_row_is_refused_with_a_reason(
+    runs: Path, graph: dict[str, str], task: dict[str, Any], message: str
+) -> None:
+    config = job(runs, graph, "refused", strategy=ps(), task=task)
+    if "training" in task:
+        del config["task"]["negatives"]
+    with pytest.raises(ShoalError, match=message):
+        shoal.train(config)

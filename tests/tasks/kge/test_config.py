@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from shoal.config import load_config
+from shoal.config.loading import dump_config
 from shoal.errors import ConfigError
 
 HEAD = '[task]\ntype = "kge"\n'
@@ -41,7 +43,7 @@ TRAIN = "\n[train]\nepochs = 1\nbatch_size = 8\n"
         (
             'model = "distmult"\ndata = { name = "nations" }\nloss = { kind = "hinge" }\n',
             "bad.toml:5: task.loss.kind: unknown value 'hinge'; choose one of: margin_ranking, "
-            "logistic, softmax",
+            "logistic, softmax, bce",
         ),
     ],
 )
@@ -65,3 +67,26 @@ def test_a_model_name_alone_means_its_defaults() -> None:
 
 
 TRAIN_DICT = {"epochs": 1, "batch_size": 8}
+
+
+@pytest.mark.parametrize(
+    "task",
+    [
+        {"negatives": {"num_negatives_s": 3, "num_negatives_o": 5}, "loss": {"kind": "softmax"}},
+        {"negatives": {"num_negatives": 7, "side": "uniform"}},
+        {"training": "1vsAll", "loss": {"kind": "softmax"}},
+        {"training": {"type": "KvsAll", "label_smoothing": 0.1}, "loss": {"kind": "bce"}},
+        {"regularization": {"kind": "n3", "weight": 1e-3}},
+        {"regularization": {"kind": "lp", "p": 3, "weight": 1e-3}},
+    ],
+)
+def test_the_resolved_config_a_run_saves_loads_again(task: dict[str, object]) -> None:
+    """`shoal train --resume` reads the run's config.toml, written with every default filled
+    in: options that exclude each other (one-side vs per-side negatives, negatives under
+    1vsAll, p of l2/n3) must not look set there."""
+    base = {"type": "kge", "model": "distmult", "data": {"name": "nations"}}
+    config = load_config({"task": {**base, **task}, "train": TRAIN_DICT})
+    again = load_config(tomllib.loads(dump_config(config)))
+    assert again == config
+    negatives = again.task.negatives  # type: ignore[union-attr]
+    assert negatives.side_counts == config.task.negatives.side_counts  # type: ignore[union-attr]

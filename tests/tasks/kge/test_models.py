@@ -7,7 +7,14 @@ import math
 import pytest
 import torch
 
+from shoal.tasks.kge import rotate_distance
 from shoal.tasks.kge.config import ComplExConfig, DistMultConfig, RotatEConfig, TransEConfig
+from shoal.tasks.kge.model_config import (
+    NormalInit,
+    UniformInit,
+    XavierNormalInit,
+    XavierUniformInit,
+)
 from shoal.tasks.kge.models import MODELS, KGEModel, build_kge_model
 
 CONFIGS = {
@@ -95,7 +102,7 @@ def test_queries_match_the_score_from_both_sides(name: str) -> None:
     side = torch.tensor([True, False, True, False, False])
     anchor = torch.where(side[:, None], t, h)
     target = torch.where(side[:, None], h, t)
-    torch.testing.assert_close(model.match_rows(model.query(anchor, r, side), target), score)
+    torch.testing.assert_close(model.match_rows(model.queries(anchor, r, side), target), score)
 
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
@@ -142,3 +149,57 @@ def test_paper_initialisations() -> None:
     rotate = _model("rotate", dim=50)
     assert rotate.entity.weight.abs().max() <= (6.0 + 2.0) / 25
     assert rotate.relation.weight.abs().max() <= math.pi and rotate.relation.weight.shape == (3, 25)
+
+
+def test_init_options_replace_the_paper_initialisation() -> None:
+    """uniform (a, b), normal (mean, std), xavier on the (rows x width) table; RotatE keeps
+    its phases in (-pi, pi); reciprocal relations double the relation table."""
+    uniform = DistMultConfig(init=UniformInit(a=-0.2, b=1.0), reciprocal=True)
+    model = build_kge_model(uniform, 400, 5, 50, gamma=0.0)
+    weight = model.entity.weight
+    assert model.relation.weight.shape == (10, 50)
+    assert -0.2 <= weight.min() < -0.19 and 0.99 < weight.max() <= 1.0
+    assert weight.mean().item() == pytest.approx(0.4, abs=0.01)
+    normal = build_kge_model(ComplExConfig(init=NormalInit(std=0.01)), 400, 5, 50, gamma=0.0)
+    assert normal.entity.weight.std().item() == pytest.approx(0.01, rel=0.05)
+    xavier = build_kge_model(TransEConfig(init=XavierUniformInit(gain=2.0)), 400, 5, 50, 0.0)
+    bound = 2.0 * math.sqrt(6 / (400 + 50))
+    assert bound * 0.95 < xavier.entity.weight.abs().max() <= bound
+    rotate = build_kge_model(RotatEConfig(init=XavierNormalInit()), 400, 5, 50, gamma=9.0)
+    assert rotate.relation.weight.abs().max() <= math.pi
+    assert rotate.relation.weight.abs().max() > 3.0  # still U(-pi, pi), not xavier
+
+
+@pytest.mark.parametrize(
+    ("q_shape", "c_shape", "tile"),
+    [
+        ((3, 70, 40), (3, 50, 40), 1 << 10),  # chunks of shared negatives, many ragged tiles
+        ((3, 70, 40), (3, 50, 40), 1 << 20),  # one tile
+        ((9, 40), (33, 40), 1 << 9),  # queries against every entity (1vsAll)
+        ((2, 1, 5, 8), (4, 6, 8), 1 << 6),  # broadcast leading dimensions
+    ],
+)
+def test_rotate_fast_distances_equal_the_reference(
+    q_shape: tuple[int, ...], c_shape: tuple[int, ...], tile: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """RotatE.match (tiles, own backward) against autograd through the plain broadcast
+    -sum_i |q_i - c_i| (match_rows on every pair): the same scores and the same gradients for both inputs, including
+    a candidate equal to a query (distance 0: gradient 0, not NaN)."""
+    monkeypatch.setattr(rotate_distance, "TILE_ELEMENTS", tile)
+    model = _model("rotate", dim=q_shape[-1])
+    g = torch.Generator().manual_seed(3)
+    queries = torch.randn(q_shape, generator=g, dtype=torch.float64)
+    candidates = torch.randn(c_shape, generator=g, dtype=torch.float64)
+    candidates[..., 0, :] = queries.reshape(-1, q_shape[-1])[0]  # a pair at distance 0
+    fast_q, fast_c = queries.clone().requires_grad_(), candidates.clone().requires_grad_()
+    ref_q, ref_c = queries.clone().requires_grad_(), candidates.clone().requires_grad_()
+    fast = model.match(fast_q, fast_c)
+    # every pair aligned by broadcasting, scored by match_rows (the by-hand-tested score)
+    reference = model.match_rows(ref_q.unsqueeze(-2), ref_c.unsqueeze(-3))
+    torch.testing.assert_close(fast, reference)
+    weights = torch.randn(fast.shape, generator=g, dtype=torch.float64)
+    (fast * weights).sum().backward()
+    (reference * weights).sum().backward()
+    torch.testing.assert_close(fast_q.grad, ref_q.grad)
+    torch.testing.assert_close(fast_c.grad, ref_c.grad)
+    assert fast_q.grad is not None and torch.isfinite(fast_q.grad).all()

@@ -33,14 +33,16 @@ def test_bernoulli_side_follows_tails_per_head() -> None:
     assert probability.tolist() == pytest.approx([0.75, 0.25])
     sampler = NegativeSampler(NegativeSamplingConfig(side="bernoulli"), triples, 4, 2, seed=0)
     relations = torch.zeros(20000, dtype=torch.long)
-    share = sampler.sample(torch.arange(20000), relations).corrupt_head.float().mean().item()
+    (drawn,) = sampler.sample(torch.arange(20000), relations)
+    assert isinstance(drawn.head, torch.Tensor)
+    share = drawn.head.float().mean().item()
     assert share == pytest.approx(0.75, abs=0.02)
 
 
 def test_degree_proportional_negatives() -> None:
     triples = torch.tensor([[0, 0, 1], [0, 0, 2], [0, 0, 3], [0, 0, 1]])  # degrees 4, 2, 1, 1
     config = NegativeSamplingConfig(num_negatives=64, chunk_size=1, distribution="degree")
-    drawn = NegativeSampler(config, triples, 5, 1, seed=1).sample(
+    (drawn,) = NegativeSampler(config, triples, 5, 1, seed=1).sample(
         torch.arange(500), torch.zeros(500, dtype=torch.long)
     )
     share = np.bincount(drawn.entities.numpy().ravel(), minlength=5) / drawn.entities.numel()
@@ -53,10 +55,12 @@ def test_shared_negatives_per_chunk_and_independent_of_how_a_batch_is_split() ->
     sampler = NegativeSampler(config, triples, 50, 3, seed=0)
     sampler.set_epoch(2)
     batch = torch.randperm(200)[:64]
-    whole = sampler.sample(batch, triples[batch, 1])
+    (whole,) = sampler.sample(batch, triples[batch, 1])
     assert whole.entities.shape == (4, 8)  # 64 positives in chunks of 16 share 8 negatives each
-    halves = [sampler.sample(part, triples[part, 1]) for part in (batch[:32], batch[32:])]
+    halves = [sampler.sample(part, triples[part, 1])[0] for part in (batch[:32], batch[32:])]
     assert torch.equal(torch.cat([h.entities for h in halves]), whole.entities)
-    assert torch.equal(torch.cat([h.corrupt_head for h in halves]), whole.corrupt_head)
+    heads = [h.head for h in halves]
+    assert isinstance(whole.head, torch.Tensor) and all(isinstance(h, torch.Tensor) for h in heads)
+    assert torch.equal(torch.cat(heads), whole.head)  # type: ignore[arg-type]
     sampler.set_epoch(3)
-    assert not torch.equal(sampler.sample(batch, triples[batch, 1]).entities, whole.entities)
+    assert not torch.equal(sampler.sample(batch, triples[batch, 1])[0].entities, whole.entities)

@@ -104,6 +104,7 @@ def test_crash_then_resume_is_bit_identical(runs: Path, graph: dict[str, str]) -
     common: dict[str, Any] = {
         "train": {"epochs": 4, "eval_every_epochs": 2},
         "checkpoint": {"every_steps": 5},
+        "monitor": {"progress": "off", "log_every_steps": 5},
     }
     full = shoal.train(kge_job(runs, graph, run={"name": "full"}, **common))
     with pytest.raises((JobFailed, RuntimeError), match="injected fault at step 17"):
@@ -179,3 +180,89 @@ def test_sparse_gradients_need_a_row_wise_optimizer_and_one_process(
         job["train"]["optimizer"] = {"kind": "sparse_adam"}
     with pytest.raises(ShoalError, match=message):
         shoal.train(job)
+
+
+#: each training type with the options it is meant for: (task settings, train settings)
+TRAINING_TYPES: dict[str, dict[str, Any]] = {
+    "negative_sampling": {
+        "model": {"type": "transe", "p": 2, "reciprocal": True, "normalize_entities": False},
+        "negatives": {"num_negatives_s": 4, "num_negatives_o": 8, "chunk_size": 8},
+        "loss": {"kind": "bce"},
+        "regularization": {"kind": "lp", "p": 3, "weight": 1e-3, "relation_weight": 1e-4},
+    },
+    "1vsAll": {
+        "model": {"type": "distmult", "reciprocal": True},
+        "training": "1vsAll",
+        "regularization": {"kind": "l2", "weight": 1e-4, "weighted": False},
+    },
+    "KvsAll": {
+        "model": {"type": "complex", "init": {"kind": "normal", "std": 0.1}},
+        "training": {"type": "KvsAll", "label_smoothing": 0.1},
+        "loss": {"kind": "bce"},
+        "regularization": {"kind": "n3", "weight": 1e-3},
+    },
+}
+
+
+@pytest.mark.parametrize("training", sorted(TRAINING_TYPES))
+def test_every_training_type_under_data_parallel_reproduces_one_process(
+    runs: Path, graph: dict[str, str], training: str
+) -> None:
+    """2 workers, each half of every global batch, the losses sums: the same parameters as one
+    process, for negative sampling on both sides, 1vsAll and KvsAll (with their
+    regularizations: weighted per use, or the whole tables once per step)."""
+    task = {k: v for k, v in kge_job(runs, graph)["task"].items() if k != "negatives"}
+    task.update(TRAINING_TYPES[training])
+    sections: dict[str, Any] = {
+        "train": {"epochs": 2, "drop_last": True, "eval_every_epochs": 0},
+    }
+    local = shoal.train({**kge_job(runs, graph, **sections), "task": task})
+    spread = shoal.train(
+        {**kge_job(runs, graph, strategy=data_parallel(2), **sections), "task": task}
+    )
+    assert spread["world_size"] == 2 and spread["steps"] == local["steps"] >= 8  # KvsAll: 8
+    a, b = final_state(local)["model"], final_state(spread)["model"]
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
+    assert spread["test"]["mrr"] == pytest.approx(local["test"]["mrr"], abs=1e-6)
+
+
+def test_plateau_lowers_the_rate_and_resumes_exactly(runs: Path, graph: dict[str, str]) -> None:
+    """lr_decay = plateau with patience 0: every evaluation that does not beat the best by
+    50% halves the rate. A run broken after a reduction and resumed ends bit-identical, with
+    the same learning rates, to one that never stopped (the plateau state is in the
+    checkpoint)."""
+    common: dict[str, Any] = {
+        "task": {"model": {"type": "distmult", "entity_dropout": 0.1}},
+        "train": {
+            "epochs": 6,
+            "eval_every_epochs": 1,
+            "lr_decay": "plateau",
+            "plateau": {"factor": 0.5, "patience": 0, "threshold": 0.5},
+        },
+        "checkpoint": {"every_steps": 5},
+        "monitor": {"progress": "off", "log_every_steps": 5},
+    }
+    full = shoal.train(kge_job(runs, graph, run={"name": "full"}, **common))
+    with pytest.raises((JobFailed, RuntimeError), match="injected fault at step 33"):
+        shoal.train(
+            kge_job(
+                runs,
+                graph,
+                run={"name": "broken"},
+                faults={"inject": {"rank": 0, "step": 33}},
+                **common,
+            )
+        )
+    resumed = shoal.train(resume=runs / "broken")
+
+    def rates(results: dict[str, Any]) -> list[float]:
+        lines = (Path(results["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+        return [json.loads(line)["lr"] for line in lines if '"event": "train"' in line]
+
+    assert rates(full)[0] == 0.05 and rates(full)[-1] < 0.05 / 2  # lowered at least twice
+    assert rates(resumed)[-1] == rates(full)[-1]
+    a, b = final_state(full), final_state(resumed)
+    for name in a["model"]:
+        assert torch.equal(a["model"][name], b["model"][name]), name
+    assert resumed["test"] == full["test"]

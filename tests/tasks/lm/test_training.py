@@ -45,6 +45,7 @@ def test_loss_is_the_mean_per_token(runs: Path, tmp_path: Path) -> None:
     """loss_sum / windows is the mean cross-entropy over every target of the batch."""
     from shoal.launch.plan import create_run, plan_job
     from shoal.runtime.context import WorkerContext
+    from shoal.runtime.hosts import Hosts
     from shoal.tasks.lm.task import LMTask
 
     plan = plan_job(lm_job(runs, write_text(tmp_path)))
@@ -59,6 +60,7 @@ def test_loss_is_the_mean_per_token(runs: Path, tmp_path: Path) -> None:
         backend=None,
         launch_mode="inprocess",
         log=logging.getLogger("test"),
+        hosts=Hosts.single(1),
     )
     task = LMTask(ctx)
     torch.manual_seed(0)

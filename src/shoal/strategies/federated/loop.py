@@ -152,6 +152,9 @@ class FederatedLoop:
     def model_of_record(self) -> ModelOfRecord:
         return self.record
 
+    def observe_metric(self, value: float, direction: str) -> None:
+        """Nothing follows it: each round's clients build fresh learners."""
+
     # ---------------------------------------------------------------- the units
     def start(self) -> None:
         """Nothing before the first round: the clients train in their own learners."""

@@ -112,8 +112,15 @@ class ParameterServerStrategyConfig(ConfigModel):
     placement: Literal["dedicated", "colocated"] = Field(
         "dedicated",
         description="dedicated: servers are processes of their own (num_workers + "
-        "num_servers ranks); colocated: server s runs as a thread inside worker s "
-        "(num_servers <= num_workers).",
+        "num_servers ranks); colocated: each server runs as a thread inside a worker "
+        "(num_servers <= num_workers), dealt over the hosts (see colocate_by_host).",
+    )
+    colocate_by_host: bool = Field(
+        True,
+        description="colocated: deal the servers over the hosts in turn (server 0 on host "
+        "0's first rank, server 1 on host 1's first rank, ...), so every host serves a share "
+        "of the tables; false: servers on ranks 0..num_servers-1. On one host both are "
+        "ranks 0..num_servers-1.",
     )
     sharding: ShardingConfig = Field(
         default_factory=HashShardingConfig,
@@ -165,8 +172,8 @@ class ParameterServerStrategyConfig(ConfigModel):
     def _consistent(self) -> ParameterServerStrategyConfig:
         if self.placement == "colocated" and self.num_servers > self.num_workers:
             raise ValueError(
-                f'placement = "colocated" runs a server inside each of the first num_servers '
-                f"workers: num_servers ({self.num_servers}) must be <= num_workers "
+                f'placement = "colocated" runs each server inside a worker: num_servers '
+                f"({self.num_servers}) must be <= num_workers "
                 f'({self.num_workers}); lower it or use placement = "dedicated"'
             )
         return self

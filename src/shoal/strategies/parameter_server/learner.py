@@ -242,6 +242,10 @@ class ServerLearner:
             skipped=skipped,
         )
 
+    def observe_metric(self, value: float, direction: str) -> None:
+        """The servers' learning rate is constant (a schedule is refused by the config)."""
+        return None
+
     def parts(self) -> dict[str, StatePart]:
         """The tables are in the servers' shard files (a file part of the job); the worker
         has nothing of its own. An empty model entry tells a resume so."""

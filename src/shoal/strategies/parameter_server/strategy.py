@@ -1,11 +1,14 @@
 """`parameter_server`: the roles of the ranks, and how each runs.
 
 Placement `dedicated`: ranks 0..W-1 are workers, ranks W..W+S-1 servers.
-Placement `colocated`: every rank is a worker, and worker s < S also runs
-server s on a thread of its own. Two process groups are made collectively by
-every rank at the start: one for the servers' point-to-point traffic (its own,
-so row messages never interleave with collectives) and one of the workers,
-on which the trainer's collectives (metrics, evaluation, checkpoints) run.
+Placement `colocated`: every rank is a worker, and S of them also run a server
+on a thread of their own: dealt over the hosts in turn (`server_ranks`), so
+that on 2 hosts x 2 ranks servers 0 and 1 run on ranks 0 and 2, one per host.
+
+Two process groups are made collectively by every rank at the start: one for
+the servers' point-to-point traffic (its own, so row messages never interleave
+with collectives) and one of the workers, on which the trainer's collectives
+(metrics, evaluation, checkpoints) run.
 
 Relations are served like entities rather than replicated and all-reduced: an
 all-reduce would make every worker wait for every other each step, which is
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import itertools
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -29,6 +33,7 @@ from torch import nn
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError, ShoalError
 from shoal.runtime.collectives import all_reduce_sum
+from shoal.runtime.hosts import Hosts
 from shoal.runtime.rng import seed_everything
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
@@ -48,8 +53,10 @@ from shoal.strategies.parameter_server.transport import (
     RemoteLink,
 )
 from shoal.tasks.base import Task
+from shoal.tasks.kge.config import KGETaskConfig
 from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.task import KGETask
+from shoal.tasks.kge.training_types import unserved_reason
 from shoal.training.contracts import GradientSync
 from shoal.training.driver import Driver
 from shoal.training.faults import maybe_inject_fault
@@ -87,6 +94,10 @@ class ParameterServerStrategy(Strategy):
                 f"strategy parameter_server serves embedding tables: it trains task type "
                 f"'kge', not {config.task.type!r}; use data_parallel for dense models"
             )
+        assert isinstance(config.task, KGETaskConfig)
+        reason = unserved_reason(config.task)
+        if reason is not None:
+            raise ConfigError(f"strategy parameter_server cannot train {reason}")
 
     @property
     def config(self) -> ParameterServerStrategyConfig:
@@ -97,7 +108,8 @@ class ParameterServerStrategy(Strategy):
     # ------------------------------------------------------------ roles
     def make_roles(self) -> RankRoles:
         c = self.config
-        return RankRoles.parameter_server(c.num_workers, c.num_servers, c.placement == "dedicated")
+        dedicated = c.placement == "dedicated"
+        return RankRoles.parameter_server(c.num_workers, server_ranks(c, self.ctx.hosts), dedicated)
 
     def run(self, task: Task) -> dict[str, Any]:
         if not isinstance(task, KGETask):
@@ -113,7 +125,7 @@ class ParameterServerStrategy(Strategy):
                 config.sharding, config.num_servers, task.data.entities.labels, False
             ),
             "relation": table_owners(
-                config.sharding, config.num_servers, task.data.relations.labels, True
+                config.sharding, config.num_servers, task.relation_labels, True
             ),
         }
         server = self.roles.server_of(ctx.rank)
@@ -189,7 +201,9 @@ class ParameterServerStrategy(Strategy):
             shard.resume_at(
                 load_shards(Path(ctx.resume_from), server, config.num_servers, tables, ctx.log)
             )
-        ctx.log.info("%s", describe_server(shard, config, self.roles.servers[server]))
+        rank = self.roles.servers[server]
+        host = ctx.hosts.label(ctx.hosts.host_of[rank])
+        ctx.log.info("%s; host %s", describe_server(shard, config, rank), host)
         last = [-1]
 
         def tick(s: ShardServer) -> None:
@@ -231,7 +245,7 @@ class ParameterServerStrategy(Strategy):
             config.max_message_rows,
             self.ctx.config.faults.timeout_s,
         )
-        self.served = ServedRows(self.client, self.task.num_entities, self.task.num_relations)
+        self.served = ServedRows(self.client, self.task.num_entities, self.task.relation_rows)
         self._check_budget(widths)
 
     def _check_budget(self, widths: tuple[int, int]) -> None:
@@ -247,8 +261,9 @@ class ParameterServerStrategy(Strategy):
         negatives = task.config.negatives
         share = -(-train.batch_size // config.num_workers)
         chunks = -(-share // negatives.chunk_size)
-        entity_rows = min(task.num_entities, 2 * share + chunks * negatives.num_negatives)
-        relation_rows = min(task.num_relations, share)
+        per_chunk = sum(count for _, count in negatives.side_counts)
+        entity_rows = min(task.num_entities, 2 * share + chunks * per_chunk)
+        relation_rows = min(task.relation_rows, 2 * share)
         batch_bytes = 4 * (entity_rows * widths[0] + relation_rows * widths[1])
         train_bytes = (3 if config.prefetch else 2) * batch_bytes
         self.served.block_rows = min(entity_rows, config.max_message_rows)
@@ -260,7 +275,7 @@ class ParameterServerStrategy(Strategy):
         )
         owners_bytes = sum(o.nbytes for o in self.owners.values())
         self.bound_bytes = max(train_bytes, eval_bytes) + owners_bytes
-        table_bytes = 4 * (task.num_entities * widths[0] + task.num_relations * widths[1])
+        table_bytes = 4 * (task.num_entities * widths[0] + task.relation_rows * widths[1])
         self.ctx.log.info(
             "parameter server worker %d: holds at most %.3f MiB of rows and scores "
             "(the tables: %.3f MiB)",
@@ -273,7 +288,7 @@ class ParameterServerStrategy(Strategy):
             raise ShoalError(
                 f"strategy.worker_memory_budget_mb = {budget:g}: a worker would hold up to "
                 f"{self.bound_bytes / MIB:.3f} MiB (training: batch share {share} with "
-                f"{negatives.num_negatives} negatives per chunk, {train_bytes / MIB:.3f} MiB; "
+                f"{per_chunk} negatives per chunk, {train_bytes / MIB:.3f} MiB; "
                 f"evaluation: batch {eval_batch} against {task.num_entities} entities, "
                 f"{eval_bytes / MIB:.3f} MiB); lower train.batch_size or "
                 "task.evaluation.batch_size, or raise num_workers or the budget"
@@ -326,6 +341,23 @@ def _served_model_shapes(task: KGETask) -> Callable[[], nn.Module]:
             return task.build_model()
 
     return build
+
+
+def server_ranks(config: ParameterServerStrategyConfig, hosts: Hosts) -> list[int]:
+    """The rank that runs each server.
+
+    dedicated: ranks W..W+S-1. colocated by host: the first rank of every host in
+    host order, then the second rank of every host, ... (on one host: ranks
+    0..S-1), so the tables and the pulls they serve are spread over the machines.
+    """
+    count = config.num_servers
+    if config.placement == "dedicated":
+        return list(range(config.num_workers, config.num_workers + count))
+    if not config.colocate_by_host:
+        return list(range(count))
+    groups = [[r for r in ranks if r < config.num_workers] for ranks in hosts.groups]
+    dealt = [r for tier in itertools.zip_longest(*groups) for r in tier if r is not None]
+    return dealt[:count]
 
 
 def _widths(task: KGETask) -> tuple[int, int]:

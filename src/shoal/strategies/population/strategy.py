@@ -7,6 +7,7 @@ from typing import Any, ClassVar
 from torch import nn
 
 from shoal.config.root import ShoalConfig
+from shoal.errors import ConfigError
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
 from shoal.strategies.population.config import PopulationStrategyConfig
@@ -41,6 +42,12 @@ class PopulationStrategy(Strategy):
         """The search space names hyperparameters this optimizer and task have; the metric's
         direction is known."""
         assert isinstance(config.strategy, PopulationStrategyConfig)
+        if config.train.lr_decay == "plateau":
+            raise ConfigError(
+                'train.lr_decay = "plateau" follows the trainer\'s validation, which population '
+                "members do not run; use constant, linear or cosine (and tune lr in the search "
+                "space)"
+            )
         check_search_space(config)
         task_class = TASKS.get(config.task.type)
         assert isinstance(task_class, type) and issubclass(task_class, Task)

@@ -7,6 +7,41 @@ from typing import Annotated, Any, Literal
 from pydantic import Field, model_validator
 
 from shoal.config.base import ConfigModel, ExistingFile, fill_default_tag
+from shoal.tasks.kge.loss_config import (
+    BCELossConfig,
+    KGELossConfig,
+    LogisticLossConfig,
+    MarginRankingLossConfig,
+    RegularizationConfig,
+    SoftmaxLossConfig,
+)
+from shoal.tasks.kge.model_config import (
+    ComplExConfig,
+    DistMultConfig,
+    InitConfig,
+    KGEModelConfig,
+    ModelOptions,
+    RotatEConfig,
+    TransEConfig,
+)
+
+__all__ = [
+    "BCELossConfig",
+    "ComplExConfig",
+    "DistMultConfig",
+    "InitConfig",
+    "KGELossConfig",
+    "KGEModelConfig",
+    "KGETaskConfig",
+    "LogisticLossConfig",
+    "MarginRankingLossConfig",
+    "ModelOptions",
+    "NegativeSamplingConfig",
+    "RegularizationConfig",
+    "RotatEConfig",
+    "SoftmaxLossConfig",
+    "TransEConfig",
+]
 
 BUILTIN_DATASETS = ("nations", "kinships", "umls")
 
@@ -55,75 +90,45 @@ class FilesDataConfig(ConfigModel):
 KGEDataConfig = Annotated[BuiltinDataConfig | FilesDataConfig, Field(discriminator="source")]
 
 
-class TransEConfig(ConfigModel):
-    """TransE (Bordes et al., 2013): score = -||h + r - t||_p."""
-
-    type: Literal["transe"] = "transe"
-    p: Literal[1, 2] = Field(1, description="Norm of the translation distance: 1 or 2.")
-    normalize_entities: bool = Field(
-        True,
-        description="Score with unit-length entity rows, the paper's constraint ||e||_2 = 1 "
-        "(applied to the rows as they are used, so it is differentiable).",
-    )
-    init_scale: float = Field(1.0, gt=0, description="Multiplies the paper's initialisation.")
-
-
-class DistMultConfig(ConfigModel):
-    """DistMult (Yang et al., 2015): score = <h, r, t> = sum_i h_i r_i t_i."""
-
-    type: Literal["distmult"] = "distmult"
-    init_scale: float = Field(1.0, gt=0, description="Multiplies the Xavier initialisation.")
-
-
-class ComplExConfig(ConfigModel):
-    """ComplEx (Trouillon et al., 2016): score = Re(<h, r, conj(t)>), complex rows.
-
-    A row of width `dim` holds dim/2 complex numbers: real parts, then imaginary parts.
-    """
-
-    type: Literal["complex"] = "complex"
-    init_scale: float = Field(
-        1.0, gt=0, description="Standard deviation of the normal initialisation (paper: 1)."
-    )
-
-
-class RotatEConfig(ConfigModel):
-    """RotatE (Sun et al., 2019): score = -sum_i |h_i r_i - t_i|, |r_i| = 1.
-
-    Entities hold dim/2 complex numbers; relations hold dim/2 phases, so every
-    relation is a rotation in the complex plane (unit modulus by construction).
-    """
-
-    type: Literal["rotate"] = "rotate"
-    init_scale: float = Field(
-        1.0, gt=0, description="Multiplies the paper's entity initialisation U(+-(gamma+2)/k)."
-    )
-
-
-KGEModelConfig = Annotated[
-    TransEConfig | DistMultConfig | ComplExConfig | RotatEConfig, Field(discriminator="type")
-]
-
-
 class NegativeSamplingConfig(ConfigModel):
     """How corrupted triples are drawn for each positive.
 
-    A positive (h, r, t) is corrupted on one side, into (h', r, t) or (h, r, t'). With
-    `chunk_size` > 1, consecutive positives form chunks that share one set of
-    `num_negatives` entities (DGL-KE's "joint" sampling), so scoring a chunk is one
-    matrix product instead of chunk_size separate ones.
+    Either one side per positive: (h, r, t) is corrupted into (h', r, t) or (h, r, t')
+    with `num_negatives` entities, the side chosen by `side`; or both sides, each with
+    its own count (`num_negatives_s` heads, `num_negatives_o` tails, LibKGE's recipe),
+    the loss then summing one term per side. With `chunk_size` > 1, consecutive
+    positives form chunks that share one set of negatives per side (DGL-KE's "joint"
+    sampling), so scoring a chunk is one matrix product instead of chunk_size.
     """
 
-    num_negatives: int = Field(64, ge=1, description="Negative triples per positive.")
+    num_negatives: int | None = Field(
+        None,
+        ge=1,
+        description="Negative triples per positive, on the one side `side` picks (default 64 "
+        "unless num_negatives_s / num_negatives_o are set).",
+    )
+    num_negatives_s: int | None = Field(
+        None,
+        ge=0,
+        description="Corrupt both sides: this many heads per positive (with num_negatives_o; "
+        "0 = never the head). Replaces num_negatives and side.",
+    )
+    num_negatives_o: int | None = Field(
+        None,
+        ge=0,
+        description="Corrupt both sides: this many tails per positive (with num_negatives_s; "
+        "0 = never the tail). Replaces num_negatives and side.",
+    )
     chunk_size: int = Field(
         1,
         ge=1,
         description="Positives that share one negative set (1: every positive draws its own).",
     )
-    side: Literal["uniform", "bernoulli"] = Field(
-        "bernoulli",
+    side: Literal["uniform", "bernoulli"] | None = Field(
+        None,
         description="Which side is corrupted: uniform = head or tail with probability 1/2; "
-        "bernoulli = by the relation's tails-per-head / heads-per-tail (Wang et al., 2014).",
+        "bernoulli = by the relation's tails-per-head / heads-per-tail (Wang et al., 2014). "
+        "Default bernoulli unless num_negatives_s / num_negatives_o are set.",
     )
     distribution: Literal["uniform", "degree"] = Field(
         "uniform",
@@ -131,59 +136,69 @@ class NegativeSamplingConfig(ConfigModel):
         "entity's degree in the training graph.",
     )
 
+    @property
+    def per_side(self) -> bool:
+        """Both sides corrupted, each with its own count."""
+        return self.num_negatives_s is not None or self.num_negatives_o is not None
 
-class MarginRankingLossConfig(ConfigModel):
-    """max(0, margin - score(pos) + score(neg)), averaged (or weighted) over the negatives."""
+    @property
+    def side_counts(self) -> list[tuple[str, int]]:
+        """(side, negatives) of each loss term per positive: "head", "tail", or "either"
+        (one side per positive, chosen by `side`)."""
+        if not self.per_side:
+            return [("either", self.num_negatives or 64)]
+        counts = [("head", self.num_negatives_s or 0), ("tail", self.num_negatives_o or 0)]
+        return [(name, k) for name, k in counts if k > 0]
 
-    kind: Literal["margin_ranking"] = "margin_ranking"
-    margin: float = Field(1.0, gt=0, description="The margin between positive and negative scores.")
-    adversarial_temperature: float | None = Field(
-        None,
-        gt=0,
-        description="Self-adversarial weights softmax(alpha * score(neg)) instead of a plain mean "
-        "(Sun et al., 2019); unset: uniform weights.",
+    @model_validator(mode="after")
+    def _one_scheme(self) -> NegativeSamplingConfig:
+        # The one-side scheme's settings stay None under the per-side scheme, so that the
+        # resolved config a run saves (defaults filled in, None left out) loads again.
+        if not self.per_side:
+            self.num_negatives = 64 if self.num_negatives is None else self.num_negatives
+            self.side = self.side or "bernoulli"
+        else:
+            mixed = [name for name in ("num_negatives", "side") if getattr(self, name) is not None]
+            if mixed:
+                raise ValueError(
+                    f"{' and '.join(mixed)} pick one side per positive, num_negatives_s / "
+                    "num_negatives_o corrupt both: set one scheme or the other"
+                )
+            if not self.side_counts:
+                raise ValueError("num_negatives_s and num_negatives_o are both 0: no negatives")
+        return self
+
+
+class NegativeSamplingTraining(ConfigModel):
+    """Each positive against sampled negatives (`task.negatives`)."""
+
+    type: Literal["negative_sampling"] = "negative_sampling"
+
+
+class OneVsAllTraining(ConfigModel):
+    """Each training triple (h, r, t) as two queries, (h, r, ?) and (?, r, t), each scored
+    against every entity, the true entity the positive (Lacroix et al., 2018; LibKGE 1vsAll)."""
+
+    type: Literal["1vsAll"] = "1vsAll"
+
+
+class KvsAllTraining(ConfigModel):
+    """Each distinct query (h, r, ?) and (?, r, t) of the training data, scored against every
+    entity, with all its known answers as positives (Dettmers et al., 2018; LibKGE KvsAll).
+    A training sample is a query, not a triple."""
+
+    type: Literal["KvsAll"] = "KvsAll"
+    label_smoothing: float = Field(
+        0.0,
+        ge=0,
+        lt=1,
+        description="Labels (1 - s) * y + 1 / entities, as ConvE and LibKGE smooth them.",
     )
 
 
-class LogisticLossConfig(ConfigModel):
-    """softplus(-(gamma + score(pos))) + weighted mean of softplus(gamma + score(neg)).
-
-    With gamma = the margin of RotatE and self-adversarial weights this is RotatE's
-    loss; with gamma = 0 it is the plain logistic loss of DistMult and ComplEx.
-    """
-
-    kind: Literal["logistic"] = "logistic"
-    margin: float = Field(
-        0.0, description="gamma, added to every score (RotatE's and TransE-style distance models')."
-    )
-    adversarial_temperature: float | None = Field(
-        None,
-        gt=0,
-        description="Self-adversarial weights softmax(alpha * score(neg)) instead of a plain mean "
-        "(Sun et al., 2019); unset: uniform weights.",
-    )
-
-
-class SoftmaxLossConfig(ConfigModel):
-    """Cross-entropy of the positive against its negatives: -log softmax(scores)[positive]."""
-
-    kind: Literal["softmax"] = "softmax"
-
-
-KGELossConfig = Annotated[
-    MarginRankingLossConfig | LogisticLossConfig | SoftmaxLossConfig, Field(discriminator="kind")
+KGETrainingConfig = Annotated[
+    NegativeSamplingTraining | OneVsAllTraining | KvsAllTraining, Field(discriminator="type")
 ]
-
-
-class RegularizationConfig(ConfigModel):
-    """A penalty on the embedding rows used by each positive triple (h, r and t)."""
-
-    kind: Literal["l2", "n3"] = Field(
-        ...,
-        description="l2 = weight * sum of squares; n3 = weight * sum of |x|^3 (Lacroix et al., "
-        "2018; moduli of complex numbers for ComplEx and RotatE).",
-    )
-    weight: float = Field(..., ge=0, description="Weight of the penalty per positive.")
 
 
 class EvaluationConfig(ConfigModel):
@@ -223,15 +238,20 @@ class KGETaskConfig(ConfigModel):
     dim: int = Field(
         200, ge=2, description="Real numbers per entity row (complex models: dim/2 complex)."
     )
+    training: KGETrainingConfig = Field(
+        default_factory=NegativeSamplingTraining,
+        description="Training type: negative_sampling | 1vsAll | KvsAll (label_smoothing).",
+    )
     negatives: NegativeSamplingConfig = Field(
-        default_factory=NegativeSamplingConfig, description="Negative sampling."
+        default_factory=NegativeSamplingConfig,
+        description="Negative sampling (training type negative_sampling).",
     )
     loss: KGELossConfig = Field(
         default_factory=MarginRankingLossConfig,
-        description="Loss: kind = margin_ranking | logistic | softmax.",
+        description="Loss: kind = margin_ranking | logistic | softmax | bce.",
     )
     regularization: RegularizationConfig | None = Field(
-        None, description="Penalty on the rows used per batch: kind = l2 | n3."
+        None, description="Penalty on embedding entries: kind = l2 | n3 | lp, weighted or not."
     )
     evaluation: EvaluationConfig = Field(
         default_factory=EvaluationConfig, description="Filtered ranking evaluation."
@@ -250,6 +270,9 @@ class KGETaskConfig(ConfigModel):
             data = fill_default_tag(data, "data", "source", source)
         if isinstance(data, dict) and isinstance(data.get("model"), str):
             data = {**data, "model": {"type": data["model"]}}
+        if isinstance(data, dict) and isinstance(data.get("training"), str):
+            data = {**data, "training": {"type": data["training"]}}
+        data = fill_default_tag(data, "training", "type", "negative_sampling")
         data = fill_default_tag(data, "loss", "kind", "margin_ranking")
         return data
 
@@ -259,4 +282,28 @@ class KGETaskConfig(ConfigModel):
             raise ValueError(
                 f"dim must be even for {self.model.type} (dim/2 complex numbers), got {self.dim}"
             )
+        training = self.training.type
+        if training != "negative_sampling":
+            if self.loss.kind not in ("softmax", "bce"):
+                raise ValueError(
+                    f"loss {self.loss.kind!r} pairs a positive with sampled negatives; training "
+                    f"{training} scores every entity: use loss kind softmax or bce"
+                )
+            # (the resolved config a run saves holds the default table: it loads again)
+            if self.negatives != NegativeSamplingConfig():
+                raise ValueError(
+                    f"negatives: training {training} scores every entity and samples none; "
+                    "remove task.negatives"
+                )
+        if self.sparse_gradients:
+            if training != "negative_sampling":
+                raise ValueError(
+                    f"sparse_gradients: training {training} scores every entity, so every row "
+                    "has a gradient each step; set sparse_gradients = false"
+                )
+            if self.regularization is not None and not self.regularization.weighted:
+                raise ValueError(
+                    "sparse_gradients: regularization weighted = false penalises every row "
+                    "each step; set weighted = true or sparse_gradients = false"
+                )
         return self

@@ -12,6 +12,9 @@ over both directions.
 Memory stays bounded: triples are ranked `batch_size` at a time, so the score
 matrix is batch_size x entities, and distance models cut their (triples x
 entities x width) intermediate into blocks of at most `block_elements`.
+
+With reciprocal relations, head prediction (?, r, t) is the tail query (t, r^-1, ?),
+as the model was trained.
 """
 
 from __future__ import annotations
@@ -110,16 +113,14 @@ def rank_triples(
         hi = min(lo + batch_size, stop)
         batch = triples[lo:hi].to(device)
         h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
-        relation = model.relation_rows(r)
         for side in ("tail", "head"):
-            anchor_ids = h if side == "tail" else t
+            head = side == "head"
+            anchor_ids, target = (t, h) if head else (h, t)
             anchor = (
                 candidates[anchor_ids] if candidates is not None else model.entity_rows(anchor_ids)
             )
-            if side == "tail":
-                queries, target = model.tail_query(anchor, relation), t
-            else:
-                queries, target = model.head_query(anchor, relation), h
+            relation = model.relation_rows(model.relation_ids(r, head))
+            queries = model.queries(anchor, relation, head)
             if candidates is not None:
                 scores = model.score_all(queries, candidates, block_elements).float()
             else:

@@ -3,8 +3,9 @@
 `embeddings/` holds `entities.tsv` and `relations.tsv` (`id<TAB>label`), written
 when the task starts, and after training `entity_embeddings.npy` (row i is
 entity i, as the score uses it: TransE rows at unit length),
-`relation_embeddings.npy` (RotatE: phases in radians) and `model.json` (model,
-dim, row layout, score). Load with `numpy.load` and any TSV reader.
+`relation_embeddings.npy` (RotatE: phases in radians; with reciprocal relations
+the inverse relations follow the relations) and `model.json` (model, dim, row
+layout, score). Load with `numpy.load` and any TSV reader.
 """
 
 from __future__ import annotations
@@ -97,6 +98,13 @@ def export_embeddings(folder: Path, model: KGEModel, config: KGETaskConfig) -> N
         "p": getattr(config.model, "p", None),
         "score": SCORES[kind],
         "layout": LAYOUTS[kind],
+        "reciprocal": config.model.reciprocal,
+        "relation_rows": (
+            "relation r, then its reciprocal r^-1 at row r + relations (head queries (?, r, t) "
+            "score as tail queries (t, r^-1, ?))"
+            if config.model.reciprocal
+            else "relation r"
+        ),
         "entities": "entities.tsv",
         "relations": "relations.tsv",
     }

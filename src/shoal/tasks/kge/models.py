@@ -18,6 +18,13 @@ h o r vs t, or t o conj(r) vs h since |r| = 1; ComplEx: h o r vs t, or
 conj(r) o t vs h), so one positive's own score, its shared negatives and a
 ranking against all entities use the same `match`: a matrix product for the
 bilinear models, a pairwise distance for the translational ones.
+
+Options every model takes (`ModelOptions`): reciprocal relations give the
+relation table a second half, row r + R for relation r read backwards, and every
+head query (?, r, t) becomes the tail query (t, r^-1, ?) (`relation_ids` and
+`queries` say which rows and which query a side uses); embedding dropout applies
+to rows as a score uses them, only in training mode; `init` replaces the paper's
+initialisation of the tables.
 """
 
 from __future__ import annotations
@@ -32,13 +39,19 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.registry import Registry
-from shoal.tasks.kge.config import (
+from shoal.tasks.kge.model_config import (
     ComplExConfig,
     DistMultConfig,
+    InitConfig,
     KGEModelConfig,
+    ModelOptions,
+    NormalInit,
     RotatEConfig,
     TransEConfig,
+    UniformInit,
+    XavierUniformInit,
 )
+from shoal.tasks.kge.rotate_distance import rotate_distances
 
 _TINY = 1e-30  # below this a squared modulus is clamped: sqrt stays differentiable at 0
 
@@ -68,17 +81,66 @@ class RowSource(Protocol):
         ...
 
 
+def dropout(rows: torch.Tensor, p: float) -> torch.Tensor:
+    """Inverted dropout: each entry kept with probability 1 - p and scaled by 1 / (1 - p).
+
+    One 15-bit random number per entry, drawn 4 to an int64 from torch's generator (so
+    checkpoints capture it): p is rounded to a multiple of 2^-15 (and the scale uses the
+    rounded value, so the expectation is exact). torch's own dropout draws a float per
+    entry through bernoulli_, which on CPU took 3 to 10 times longer and was the largest
+    cost of a LibKGE-style step (dropout on every negative's row).
+    """
+    threshold = round(p * 32768)
+    if threshold == 0:
+        return rows
+    words = torch.empty((rows.numel() + 3) // 4, dtype=torch.int64, device=rows.device).random_()
+    bits = words.view(torch.int16)[: rows.numel()].view(rows.shape) & 0x7FFF
+    keep = bits >= threshold
+    return torch.where(keep, rows * (32768.0 / (32768 - threshold)), 0.0)
+
+
+def initialize_table(table: torch.Tensor, init: InitConfig) -> None:
+    """Fill `table` (rows x width) in place as `init` says (torch.nn.init, as LibKGE calls it)."""
+    with torch.no_grad():
+        if isinstance(init, UniformInit):
+            nn.init.uniform_(table, init.a, init.b)
+        elif isinstance(init, NormalInit):
+            nn.init.normal_(table, init.mean, init.std)
+        elif isinstance(init, XavierUniformInit):
+            nn.init.xavier_uniform_(table, gain=init.gain)
+        else:
+            nn.init.xavier_normal_(table, gain=init.gain)
+
+
 class KGEModel(nn.Module, ABC):
-    """Entity and relation tables and a score function defined on their rows."""
+    """Entity and relation tables and a score function defined on their rows.
+
+    `num_relations` counts the data's relations; with reciprocal relations the
+    relation table has twice as many rows (`relation_rows`).
+    """
 
     def __init__(
-        self, num_entities: int, num_relations: int, entity_width: int, relation_width: int
+        self,
+        num_entities: int,
+        num_relations: int,
+        entity_width: int,
+        relation_width: int,
+        options: ModelOptions,
     ) -> None:
         super().__init__()
+        self.num_relations = num_relations
+        self.reciprocal = options.reciprocal
+        self.entity_dropout = options.entity_dropout
+        self.relation_dropout = options.relation_dropout
         self.entity = nn.Embedding(num_entities, entity_width)
-        self.relation = nn.Embedding(num_relations, relation_width)
+        self.relation = nn.Embedding(relation_table_rows(num_relations, options), relation_width)
         self.sparse = False  # set by the task: gathers then give sparse row gradients
         self.served: RowSource | None = None
+
+    def initialize(self, init: InitConfig) -> None:
+        """Replace the paper's initialisation of both tables by `init`."""
+        initialize_table(self.entity.weight, init)
+        initialize_table(self.relation.weight, init)
 
     def serve_tables(self, source: RowSource) -> None:
         """Read rows from `source` from now on and drop the local tables (a parameter-server
@@ -107,6 +169,42 @@ class KGEModel(nn.Module, ABC):
         """Every entity row as scored: the candidates of a ranking."""
         return self.prepare_entities(self.entity.weight)
 
+    # ------------------------------------------------------------ sides and options
+    def relation_ids(self, relations: torch.Tensor, head: bool | torch.Tensor) -> torch.Tensor:
+        """The relation rows a query of side `head` reads: r, or r + R (its reciprocal) for a
+        head query when relations are reciprocal. `head` is one side or one per query."""
+        if not self.reciprocal:
+            return relations
+        if isinstance(head, bool):
+            return relations + self.num_relations if head else relations
+        return relations + head.long() * self.num_relations
+
+    def queries(
+        self, anchor: torch.Tensor, relation: torch.Tensor, head: bool | torch.Tensor
+    ) -> torch.Tensor:
+        """What the candidates of side `head` are matched against, from the anchor's rows and
+        the rows `relation_ids` named: head queries are tail queries of the reciprocal."""
+        if self.reciprocal or head is False:
+            return self.tail_query(anchor, relation)
+        if head is True:
+            return self.head_query(anchor, relation)
+        assert isinstance(head, torch.Tensor)
+        return torch.where(
+            head[:, None], self.head_query(anchor, relation), self.tail_query(anchor, relation)
+        )
+
+    def drop_entities(self, rows: torch.Tensor) -> torch.Tensor:
+        """Entity dropout (training only)."""
+        if self.entity_dropout > 0 and self.training:
+            return dropout(rows, self.entity_dropout)
+        return rows
+
+    def drop_relations(self, rows: torch.Tensor) -> torch.Tensor:
+        """Relation dropout (training only)."""
+        if self.relation_dropout > 0 and self.training:
+            return dropout(rows, self.relation_dropout)
+        return rows
+
     # ------------------------------------------------------------ the maths (on rows)
     @abstractmethod
     def tail_query(self, head: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
@@ -131,25 +229,14 @@ class KGEModel(nn.Module, ABC):
         """
         return self.match_rows(queries.unsqueeze(-2), candidates)
 
-    def query(
-        self, anchor: torch.Tensor, relation: torch.Tensor, corrupt_head: torch.Tensor
-    ) -> torch.Tensor:
-        """Per triple: the head query where `corrupt_head` (anchor = tail), else the tail query."""
-        return torch.where(
-            corrupt_head[:, None],
-            self.head_query(anchor, relation),
-            self.tail_query(anchor, relation),
-        )
-
     def score(self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor) -> torch.Tensor:
         """The score of each triple, from rows (higher = more plausible)."""
         return self.match_rows(self.tail_query(head, relation), tail)
 
-    def magnitudes(
-        self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor
-    ) -> list[torch.Tensor]:
-        """The numbers an L2 or N3 penalty acts on (complex models: moduli)."""
-        return [head, relation, tail]
+    def magnitudes(self, rows: torch.Tensor, table: str) -> torch.Tensor | None:
+        """The numbers an N3 penalty acts on in rows of `table` ("entity" or "relation"):
+        the entries, or the moduli of complex numbers; None: nothing to penalise."""
+        return rows
 
     # ------------------------------------------------------------ evaluation
     def score_all(
@@ -178,7 +265,7 @@ class TransE(KGEModel):
     def __init__(
         self, config: TransEConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
-        super().__init__(num_entities, num_relations, dim, dim)
+        super().__init__(num_entities, num_relations, dim, dim, config)
         self.p = config.p
         self.normalize = config.normalize_entities
         bound = 6.0 / math.sqrt(dim) * config.init_scale
@@ -226,7 +313,7 @@ class DistMult(KGEModel):
     def __init__(
         self, config: DistMultConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
-        super().__init__(num_entities, num_relations, dim, dim)
+        super().__init__(num_entities, num_relations, dim, dim, config)
         bound = math.sqrt(6.0 / (2 * dim)) * config.init_scale
         nn.init.uniform_(self.entity.weight, -bound, bound)
         nn.init.uniform_(self.relation.weight, -bound, bound)
@@ -255,7 +342,7 @@ class ComplEx(DistMult):
     def __init__(
         self, config: ComplExConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
-        KGEModel.__init__(self, num_entities, num_relations, dim, dim)
+        KGEModel.__init__(self, num_entities, num_relations, dim, dim, config)
         nn.init.normal_(self.entity.weight, std=config.init_scale)
         nn.init.normal_(self.relation.weight, std=config.init_scale)
 
@@ -269,10 +356,8 @@ class ComplEx(DistMult):
         r_re, r_im = _halves(relation)  # conj(r) o t
         return torch.cat([r_re * t_re + r_im * t_im, r_re * t_im - r_im * t_re], dim=-1)
 
-    def magnitudes(
-        self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor
-    ) -> list[torch.Tensor]:
-        return [_complex_modulus(head), _complex_modulus(relation), _complex_modulus(tail)]
+    def magnitudes(self, rows: torch.Tensor, table: str) -> torch.Tensor | None:
+        return _complex_modulus(rows)
 
 
 class RotatE(KGEModel):
@@ -292,7 +377,7 @@ class RotatE(KGEModel):
         gamma: float,
     ) -> None:
         k = dim // 2
-        super().__init__(num_entities, num_relations, dim, k)
+        super().__init__(num_entities, num_relations, dim, k, config)
         bound = (gamma + 2.0) / k * config.init_scale
         nn.init.uniform_(self.entity.weight, -bound, bound)
         nn.init.uniform_(self.relation.weight, -math.pi, math.pi)
@@ -312,13 +397,10 @@ class RotatE(KGEModel):
         return torch.cat([t_re * cos + t_im * sin, t_im * cos - t_re * sin], dim=-1)
 
     def match(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
-        # |q_i - c_i| is the distance of two points in the plane: one batched pairwise-distance
-        # call per complex dimension i (batch dim first), summed over i. Without the
-        # matrix-product shortcut, whose cancellation would blur close distances.
-        q = torch.stack(_halves(queries), dim=-1).movedim(-2, 0)  # (k, ..., n, 2)
-        c = torch.stack(_halves(candidates), dim=-1).movedim(-2, 0)  # (k, ..., m, 2)
-        distances = torch.cdist(q, c, compute_mode="donot_use_mm_for_euclid_dist")
-        return -distances.sum(dim=0)
+        # |q_i - c_i| per complex dimension, summed: tiles that stay in cache and a backward
+        # of its own (`rotate_distance`); no matrix-product shortcut, whose cancellation
+        # would blur close distances
+        return rotate_distances(queries, candidates)
 
     def match_rows(self, queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
         return -_complex_modulus(queries - candidates).sum(dim=-1)
@@ -355,10 +437,14 @@ class RotatE(KGEModel):
             scores[:, start:stop] = total
         return scores.neg_()
 
-    def magnitudes(
-        self, head: torch.Tensor, relation: torch.Tensor, tail: torch.Tensor
-    ) -> list[torch.Tensor]:
-        return [_complex_modulus(head), _complex_modulus(tail)]  # |r_i| = 1: nothing to penalise
+    def initialize(self, init: InitConfig) -> None:
+        """Entities only: relations are phases, U(-pi, pi) whatever the entities' init."""
+        initialize_table(self.entity.weight, init)
+
+    def magnitudes(self, rows: torch.Tensor, table: str) -> torch.Tensor | None:
+        if table == "relation":
+            return None  # |r_i| = 1: nothing to penalise
+        return _complex_modulus(rows)
 
 
 ModelBuilder = Callable[[Any, int, int, int, float], KGEModel]
@@ -371,8 +457,16 @@ MODELS.add("complex", lambda config, e, r, dim, gamma: ComplEx(config, e, r, dim
 MODELS.add("rotate", RotatE)
 
 
+def relation_table_rows(num_relations: int, options: ModelOptions) -> int:
+    """Rows of the relation table: twice the relations with reciprocal relations."""
+    return num_relations * (2 if options.reciprocal else 1)
+
+
 def build_kge_model(
     config: KGEModelConfig, num_entities: int, num_relations: int, dim: int, gamma: float
 ) -> KGEModel:
     """The model `config` names; `gamma` is the loss margin (RotatE's initialisation uses it)."""
-    return MODELS.get(config.type)(config, num_entities, num_relations, dim, gamma)
+    model = MODELS.get(config.type)(config, num_entities, num_relations, dim, gamma)
+    if config.init is not None:
+        model.initialize(config.init)
+    return model

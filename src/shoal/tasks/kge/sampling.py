@@ -11,6 +11,11 @@ Shared negatives (`chunk_size` > 1, DGL-KE's "joint" sampling): consecutive
 positives of a batch form chunks; a chunk draws one set of `num_negatives`
 entities, keyed by its first sample index, and each of its positives is scored
 against all of them, which is one matrix product per chunk.
+
+Sides: by default each positive is corrupted on one side (`side`: uniform or
+Bernoulli). With `num_negatives_s` / `num_negatives_o` every positive is
+corrupted on both sides, each side with its own count and its own stream of
+draws: one `SideNegatives` per side, one loss term per side.
 """
 
 from __future__ import annotations
@@ -23,7 +28,9 @@ import torch
 from shoal.tasks.kge.config import NegativeSamplingConfig
 
 _STREAM_SIDE = 0x5ADE
-_STREAM_ENTITY = 0xE17
+_STREAM_ENTITY = 0xE17  # one side per positive
+_STREAM_HEADS = 0xE18  # both sides: the heads
+_STREAM_TAILS = 0xE19  # both sides: the tails
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
@@ -67,17 +74,21 @@ def head_corruption_probability(triples: torch.Tensor, num_relations: int) -> to
 
 
 @dataclass
-class Negatives:
-    """The corruptions of a batch of positives.
+class SideNegatives:
+    """One side's corruptions of a batch of positives.
 
-    `corrupt_head[i]` says which side of positive i is replaced; `entities[c]` are
-    the replacement entities of chunk c, which covers positives
+    `head[i]` says whether positive i's head is replaced (else its tail): one value per
+    positive, or one bool for every positive (a fixed side); `entities[c]` are the
+    replacement entities of chunk c, which covers positives
     [c * chunk_size, (c + 1) * chunk_size).
     """
 
-    corrupt_head: torch.Tensor
+    head: torch.Tensor | bool
     entities: torch.Tensor
-    chunk_size: int
+
+    def to(self, device: torch.device) -> SideNegatives:
+        head = self.head.to(device) if isinstance(self.head, torch.Tensor) else self.head
+        return SideNegatives(head, self.entities.to(device))
 
 
 class NegativeSampler:
@@ -109,17 +120,25 @@ class NegativeSampler:
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
 
-    def sample(self, indices: torch.Tensor, relations: torch.Tensor) -> Negatives:
-        """Corruptions of the positives with sample ids `indices` (of relations `relations`)."""
+    def sample(self, indices: torch.Tensor, relations: torch.Tensor) -> list[SideNegatives]:
+        """Corruptions of the positives with sample ids `indices` (of relations `relations`):
+        one `SideNegatives` per loss term."""
         keys = indices.numpy()
-        u_side = counter_uniform(self.seed, _STREAM_SIDE, self.epoch, keys, 1)[:, 0]
-        corrupt_head = torch.from_numpy(u_side) < self.head_probability[relations]
-        chunk = self.config.chunk_size
-        chunk_keys = keys[::chunk]
-        u = counter_uniform(
-            self.seed, _STREAM_ENTITY, self.epoch, chunk_keys, self.config.num_negatives
-        )
-        return Negatives(corrupt_head, torch.from_numpy(self.entities_at(u)), chunk)
+        chunk_keys = keys[:: self.config.chunk_size]
+        sides = []
+        for side, count in self.config.side_counts:
+            if side == "either":
+                u_side = counter_uniform(self.seed, _STREAM_SIDE, self.epoch, keys, 1)[:, 0]
+                head: torch.Tensor | bool = (
+                    torch.from_numpy(u_side) < self.head_probability[relations]
+                )
+                stream = _STREAM_ENTITY
+            else:
+                head = side == "head"
+                stream = _STREAM_HEADS if head else _STREAM_TAILS
+            u = counter_uniform(self.seed, stream, self.epoch, chunk_keys, count)
+            sides.append(SideNegatives(head, torch.from_numpy(self.entities_at(u))))
+        return sides
 
     def entities_at(self, u: np.ndarray) -> np.ndarray:
         """Entities for uniform draws `u`: uniform over entities, or by degree (inverse CDF)."""

@@ -1,4 +1,4 @@
-"""The knowledge-graph embedding task: negative-sampling training, filtered ranking evaluation."""
+"""The knowledge-graph embedding task: a training type's loss, filtered ranking evaluation."""
 
 from __future__ import annotations
 
@@ -6,7 +6,6 @@ from typing import Any, ClassVar
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from shoal.errors import ShoalError
@@ -21,9 +20,8 @@ from shoal.tasks.kge.evaluation import (
     rank_triples,
 )
 from shoal.tasks.kge.export import export_embeddings, write_id_maps
-from shoal.tasks.kge.losses import kge_loss, penalty
-from shoal.tasks.kge.models import KGEModel, build_kge_model
-from shoal.tasks.kge.sampling import NegativeSampler
+from shoal.tasks.kge.models import KGEModel, build_kge_model, relation_table_rows
+from shoal.tasks.kge.training_types import build_training_type
 from shoal.tasks.kge.triples import load_kg
 
 ROTATE_DEFAULT_GAMMA = 12.0  # RotatE's initialisation range when the loss has no margin
@@ -32,11 +30,11 @@ ROTATE_DEFAULT_GAMMA = 12.0  # RotatE's initialisation range when the loss has n
 class KGETask(Task):
     """Link prediction: entity and relation embeddings trained on (head, relation, tail) triples.
 
-    A batch is a set of positive triples; each is corrupted on one side into
-    `num_negatives` negatives (shared within chunks), scored by the model and
-    turned into a per-positive loss summed over the batch. Evaluation is the
-    filtered ranking of every valid/test triple against all entities, split over
-    the ranks. Test metrics come from the best model by validation MRR.
+    Training follows `task.training`: negative sampling (each positive triple against
+    corruptions of it, shared within chunks), 1vsAll or KvsAll (queries against every
+    entity); its loss is a sum over the batch's samples. Evaluation is the filtered
+    ranking of every valid/test triple against all entities, split over the ranks.
+    Test metrics come from the best model by validation MRR.
     """
 
     primary_metric: ClassVar[tuple[str, str]] = ("mrr", "max")
@@ -62,20 +60,17 @@ class KGETask(Task):
         self.data = load_kg(config.data)
         self.num_entities = len(self.data.entities)
         self.num_relations = len(self.data.relations)
-        if config.negatives.chunk_size > ctx.config.train.batch_size:
+        if (
+            config.training.type == "negative_sampling"
+            and config.negatives.chunk_size > ctx.config.train.batch_size
+        ):
             raise ShoalError(
                 f"task.negatives.chunk_size ({config.negatives.chunk_size}) exceeds "
                 f"train.batch_size ({ctx.config.train.batch_size}); make it at most the batch size"
             )
         if config.sparse_gradients:
             check_sparse_setup(ctx)
-        self.sampler = NegativeSampler(
-            config.negatives,
-            self.data.train,
-            self.num_entities,
-            self.num_relations,
-            ctx.config.train.seed,
-        )
+        self.training = build_training_type(config, self.data, ctx.config.train.seed)
         self._filters: dict[str, tuple[torch.Tensor, FilterIndex | None]] = {}
         self.embeddings_dir = ctx.paths.root / "embeddings"
         if ctx.is_main:
@@ -99,7 +94,20 @@ class KGETask(Task):
     # ------------------------------------------------------------ the Task contract
     @property
     def train_size(self) -> int:
-        return len(self.data.train)
+        return self.training.train_size
+
+    @property
+    def relation_rows(self) -> int:
+        """Rows of the relation table (twice the relations with reciprocal relations)."""
+        return relation_table_rows(self.num_relations, self.config.model)
+
+    @property
+    def relation_labels(self) -> list[str]:
+        """A name per relation row: the relations, then (reciprocal) their inverses."""
+        labels = list(self.data.relations.labels)
+        if self.config.model.reciprocal:
+            labels += [f"{label}^-1" for label in self.data.relations.labels]
+        return labels
 
     def build_model(self) -> nn.Module:
         loss = self.config.loss
@@ -113,37 +121,19 @@ class KGETask(Task):
         return model
 
     def set_epoch(self, epoch: int) -> None:
-        self.sampler.set_epoch(epoch)
+        self.training.set_epoch(epoch)
 
     def train_batch(self, indices: torch.Tensor) -> dict[str, Any]:
-        triples = self.data.train[indices]
-        negatives = self.sampler.sample(indices, triples[:, 1])
-        device = self.ctx.device
-        return {
-            "triples": triples.to(device),
-            "corrupt_head": negatives.corrupt_head.to(device),
-            "negatives": negatives.entities.to(device),
-        }
+        return self.training.batch(indices, self.ctx.device)
 
     def rows_touched(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         """The unique entity and relation ids a training batch reads: what a parameter-server
         worker pulls for it (heads, tails and negatives; relations)."""
-        triples = batch["triples"]
-        entities = torch.cat([triples[:, 0], triples[:, 2], batch["negatives"].reshape(-1)])
-        return torch.unique(entities), torch.unique(triples[:, 1])
+        return self.training.rows_touched(batch)
 
     def loss(self, model: nn.Module, batch: Any) -> LossOutput:
         assert isinstance(model, KGEModel)
-        positive, negative, magnitudes = score_batch(
-            model,
-            batch["triples"],
-            batch["corrupt_head"],
-            batch["negatives"],
-            self.config.negatives.chunk_size,
-        )
-        per_positive = kge_loss(self.config.loss, positive, negative)
-        per_positive = per_positive + penalty(self.config.regularization, magnitudes)
-        return LossOutput(per_positive.sum(), len(positive))
+        return self.training.loss(model, batch)
 
     def eval_splits(self) -> list[str]:
         return ["valid"] if "valid" in self.data.splits else []
@@ -203,40 +193,6 @@ class KGETask(Task):
                 answers = FilterIndex.build(self.data.all_known(), triples, self.num_relations)
             self._filters[split] = (triples, answers)
         return self._filters[split]
-
-
-def score_batch(
-    model: KGEModel,
-    triples: torch.Tensor,
-    corrupt_head: torch.Tensor,
-    negatives: torch.Tensor,
-    chunk_size: int,
-) -> tuple[torch.Tensor, torch.Tensor, list[torch.Tensor]]:
-    """Scores of the positives (n,), of their negatives (n, K), and the rows to regularise.
-
-    The rows of every entity the batch touches are gathered once (the sparse-table
-    path); positive i is matched against the negatives of its chunk, i // chunk_size,
-    which for a chunk is one (chunk_size x width) x (width x K) product.
-    """
-    n = len(triples)
-    chunks, k = negatives.shape
-    chunk = min(chunk_size, n)
-    h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
-    ids, where = torch.unique(torch.cat([h, t, negatives.reshape(-1)]), return_inverse=True)
-    rows = model.entity_rows(ids)
-    head, tail = rows[where[:n]], rows[where[n : 2 * n]]
-    candidates = rows[where[2 * n :]].view(chunks, k, -1)
-    relation = model.relation_rows(r)
-    anchor = torch.where(corrupt_head[:, None], tail, head)
-    target = torch.where(corrupt_head[:, None], head, tail)
-    queries = model.query(anchor, relation, corrupt_head)
-    positive = model.match_rows(queries, target)
-    if chunk == 1:
-        negative = model.match_each(queries, candidates)
-    else:
-        padded = F.pad(queries, (0, 0, 0, chunks * chunk - n)).view(chunks, chunk, -1)
-        negative = model.match(padded, candidates).reshape(chunks * chunk, k)[:n]
-    return positive, negative, model.magnitudes(head, relation, tail)
 
 
 SPARSE_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd")

@@ -1,0 +1,61 @@
+"""Was this process started by an outside launcher (torchrun, Slurm's srun), and where is it?
+
+torchrun (and anything that sets its variables: RANK, WORLD_SIZE, MASTER_ADDR,
+MASTER_PORT) wins over Slurm, so `srun torchrun ...` (one torchrun per node)
+joins as torchrun. A task of a multi-task srun step without torchrun joins as
+Slurm. Anything else runs shoal's own launcher (or in process). shoal's own
+workers carry SHOAL_LAUNCHER and are never taken for an outside launch.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Literal
+
+from shoal.errors import ShoalError
+from shoal.launch.process_group import LAUNCHER_ENV, TORCHRUN_VARS, Placement
+from shoal.launch.slurm import SlurmStep
+
+
+@dataclass(frozen=True)
+class ExternalLaunch:
+    """This process's place in a job that another launcher started."""
+
+    launcher: Literal["torchrun", "slurm"]
+    placement: Placement
+    master_addr: str
+    master_port: int
+    #: Slurm: rank 0 hosts the store itself (torchrun's agents host it under torchrun)
+    hosts_store: bool = False
+    #: which start of the job this is (torchrun's restart count, Slurm's step): the keys
+    #: of joining (launch/admission.py) are kept apart per attempt in a store that outlives one
+    attempt: str = "0"
+
+
+def external_launch(env: Mapping[str, str] | None = None) -> ExternalLaunch | None:
+    env = os.environ if env is None else env
+    if LAUNCHER_ENV in env:
+        return None
+    if all(name in env for name in TORCHRUN_VARS):
+        try:
+            port = int(env["MASTER_PORT"])
+        except ValueError:
+            raise ShoalError(f"MASTER_PORT={env['MASTER_PORT']!r}: not a port number") from None
+        attempt = f"torchrun-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        return ExternalLaunch(
+            "torchrun", Placement.from_env(env), env["MASTER_ADDR"], port, attempt=attempt
+        )
+    step = SlurmStep.from_env(env)
+    if step is None:
+        return None
+    placement = Placement(step.rank, step.world_size, step.local_rank, step.local_world_size)
+    return ExternalLaunch(
+        "slurm",
+        placement,
+        step.master_addr,
+        step.master_port,
+        hosts_store=step.rank == 0,
+        attempt=f"slurm-{env.get('SLURM_STEP_ID', '0')}",
+    )

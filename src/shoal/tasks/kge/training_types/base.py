@@ -1,0 +1,80 @@
+"""The contract of a KGE training type (LibKGE's `train.type`): how training samples
+become scores, and scores a loss.
+
+A training type owns what a *sample* is (a triple, or a query for KvsAll), turns a
+list of sample indices into a batch, and returns the loss of a batch as a sum over
+its samples (the task contract's invariant, so N data-parallel workers reproduce
+one process). Regularization is the same for every type: weighted, on the rows
+each sample names (`sample_rows`), or unweighted, on both whole tables once per
+step, which as a sum over samples is that penalty times each sample's share.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar
+
+import torch
+
+from shoal.tasks.base import LossOutput
+from shoal.tasks.kge.config import KGETaskConfig
+from shoal.tasks.kge.losses import penalty, table_penalty
+from shoal.tasks.kge.models import KGEModel
+from shoal.tasks.kge.triples import KGData
+
+
+class TrainingType(ABC):
+    """Samples, batches and the summed loss of one training type."""
+
+    #: whether a batch reads only entity and relation rows it can name in advance, which a
+    #: parameter-server worker must pull before computing (None: it can; else why not)
+    unserved_reason: ClassVar[str | None] = None
+
+    def __init__(self, config: KGETaskConfig, data: KGData, seed: int) -> None:
+        self.config = config
+        self.data = data
+        self.num_entities = len(data.entities)
+        self.num_relations = len(data.relations)
+        self.seed = seed
+
+    @property
+    @abstractmethod
+    def train_size(self) -> int:
+        """Training samples per epoch."""
+
+    def set_epoch(self, epoch: int) -> None:  # noqa: B027 - optional hook
+        """Called before each epoch (epoch-keyed draws)."""
+
+    @abstractmethod
+    def batch(self, indices: torch.Tensor, device: torch.device) -> dict[str, Any]:
+        """The samples `indices`, on `device`."""
+
+    @abstractmethod
+    def scored_loss(
+        self, model: KGEModel, batch: dict[str, Any]
+    ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
+        """Per-sample losses (n,), and the entity and relation rows each sample uses
+        (lists of (n, width) tensors, before dropout) for weighted regularization."""
+
+    def rows_touched(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The unique entity and relation ids a batch reads (what a parameter-server worker
+        pulls for it)."""
+        raise NotImplementedError(self.unserved_reason)
+
+    def loss(self, model: KGEModel, batch: dict[str, Any]) -> LossOutput:
+        losses, entities, relations = self.scored_loss(model, batch)
+        regularization = self.config.regularization
+        per_sample = losses + penalty(regularization, model, entities, relations)
+        total = per_sample.sum()
+        if regularization is not None and not regularization.weighted:
+            total = total + len(losses) * table_penalty(regularization, model)
+        return LossOutput(total, len(losses))
+
+
+def sample_relation_ids(model: KGEModel, relations: torch.Tensor) -> list[torch.Tensor]:
+    """The relation rows a triple's regularization counts: r, and r^-1 with reciprocal
+    relations (LibKGE penalises both, whichever side a batch scores)."""
+    ids = [relations]
+    if model.reciprocal:
+        ids.append(model.relation_ids(relations, True))
+    return ids
