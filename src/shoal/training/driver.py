@@ -14,6 +14,7 @@ remaining evaluation and testing, and reports `"status": "stopped"`.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -22,7 +23,7 @@ from typing import Any
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.checkpoint.manager import CheckpointManager
 from shoal.checkpoint.parts import FilePart, Fixed, RankRngs, StatePart, TaskFiles, load_parts
-from shoal.checkpoint.resume import open_resume
+from shoal.checkpoint.resume import Resume, open_resume
 from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
@@ -45,6 +46,7 @@ class Run:
     metrics: MetricsLog
     reporter: ProgressReporter
     last_train: dict[str, float]  # the latest training figures, for results.json
+    resume: Resume | None = None  # while the parts load: the checkpoint being resumed
 
 
 class Driver:
@@ -69,7 +71,12 @@ class Driver:
             self.reporter.total_steps, self.reporter.total_epochs = plan_totals(self.plan)
             self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
             self.selection = Selection(
-                ctx, self.task, self.progress, self.loop.model_of_record(), self._save_best
+                ctx,
+                self.task,
+                self.progress,
+                self.loop.model_of_record(),
+                self._save_best,
+                self.plan.selection,
             )
             if ctx.resume_from:
                 self._restore(Path(ctx.resume_from))
@@ -89,9 +96,12 @@ class Driver:
 
     def _loop(self) -> None:
         ctx, p, plan = self.ctx, self.progress, self.plan
-        every_steps = ctx.config.checkpoint.every_steps
+        every_units = plan.checkpoint_every
+        if every_units is None:
+            every_units = ctx.config.checkpoint.every_steps
         every_epochs = ctx.config.checkpoint.every_epochs
         eval_epochs = ctx.config.train.eval_every_epochs
+        per_unit = plan.steps_per_unit
         while not (p.stopped_early or self.loop.done()):
             epoch_ended = self.loop.run_unit()
             self._sync_time()
@@ -101,9 +111,10 @@ class Driver:
             if signum:  # before the epoch's end: a resume then does what this run skips
                 self._stop(signum)
                 return
-            if plan.eval_every and p.global_step % plan.eval_every == 0:
+            units = p.global_step if per_unit == 1 else -(-p.global_step // per_unit)
+            if plan.eval_every and units % plan.eval_every == 0:
                 self._evaluate()
-            if every_steps and p.global_step % every_steps == 0:
+            if every_units and units % every_units == 0:
                 self._save()
             if epoch_ended:
                 self.loop.next_epoch()
@@ -137,17 +148,20 @@ class Driver:
     # ---------------------------------------------------------------- evaluation
     def _evaluate(self) -> None:
         p = self.progress
-        evaluate_splits(
-            self.task,
-            self.selection.record.model,
-            self.task.eval_splits(),
-            event={"event": "eval", "step": p.global_step, "epoch": p.epoch},
-            label=f"{self.plan.unit} {p.global_step} epoch {p.epoch}",
-            metrics=self.metrics,
-            reporter=self.reporter,
-            log=self.ctx.log,
-            into=self.last_eval,
-        )
+        if self.plan.validation is not None:  # measured by the loop (a population's members)
+            self.last_eval.update(self.plan.validation())
+        else:
+            evaluate_splits(
+                self.task,
+                self.selection.record.model,
+                self.task.eval_splits(),
+                event={"event": "eval", "step": p.global_step, "epoch": p.epoch},
+                label=f"{self.plan.unit} {p.global_step} epoch {p.epoch}",
+                metrics=self.metrics,
+                reporter=self.reporter,
+                log=self.ctx.log,
+                into=self.last_eval,
+            )
         self._evaluated_step = p.global_step
         if self.selection.track(self.last_eval):
             self.reporter.note(self.selection.message)
@@ -157,9 +171,8 @@ class Driver:
     def _observe_for_schedule(self) -> None:
         """Hand the validation value of the primary metric to the loop's schedule
         (lr_decay = "plateau" lowers the rate on it)."""
-        splits = self.task.eval_splits()
-        name, direction = self.task.primary_metric
-        value = self.last_eval.get(splits[0], {}).get(name) if splits else None
+        split, name, direction = self.selection.criterion
+        value = self.last_eval.get(split, {}).get(name) if split else None
         if value is not None:
             self.loop.observe_metric(value, direction)
 
@@ -232,7 +245,9 @@ class Driver:
         point = open_resume(ctx, path, self.task.train_size)
         point.check_model(self.selection.record.model, point.state.get("model", {}))
         optional = (*self.plan.optional_parts, "config")
+        self.run_info.resume = point
         load_parts(point.state, self._parts(), path, optional)
+        self.run_info.resume = None
         self._saved_step = self.progress.global_step
         self.last_checkpoint = path
         self.loop.after_restore()
@@ -250,7 +265,7 @@ class Driver:
     def _finish(self, wall_s: float) -> dict[str, Any]:
         results = self._results(wall_s)
         if self.ctx.is_main:
-            atomic_write_json(self.ctx.paths.results, results)
+            atomic_write_json(self.ctx.paths.results, finite(results))
         return results
 
     def _results(self, wall_s: float) -> dict[str, Any]:
@@ -274,8 +289,8 @@ class Driver:
             "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
         }
         best = self.selection.summary()
-        if best is not None:
-            results["best"] = best
+        if best is not None:  # the loop's own account of its best (a population's member) too
+            results["best"] = {**best, **results.get("best", {})}
         results["stopped_early"] = p.stopped_early
         if self.stopped:
             results["stop"] = self.stopped
@@ -283,6 +298,17 @@ class Driver:
         if summary:
             results["data"] = summary
         return results
+
+
+def finite(value: Any) -> Any:
+    """JSON has no NaN: a non-finite figure (a failed member's score) is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
 
 
 def plan_totals(plan: Plan) -> tuple[int, int | None]:

@@ -40,21 +40,17 @@ redoes that epoch's end, as the uninterrupted run does.
 Where each strategy stands: local and data_parallel run the step loop
 (`steps.py`); parameter_server runs it with its collaborators
 (`strategies/parameter_server/collaborators.py`); federated runs its round loop
-(`strategies/federated/loop.py`). population_based still runs its own
-generation loop; it moves onto the driver as a loop whose unit is a generation,
-with: a `validation()` hook (the best member's figures, already measured on
-`strategy.split`, so the driver does not evaluate again), selection by
-`strategy.metric` / `mode` (a `Plan` field, the task's primary metric by
-default), a model of record that is the best member (its owner keeps a copy
-when it improves; `restore_best` sends it to every rank over the peer layer
-into a model built on each, so the test splits are evaluated collectively and
-the task exports artifacts from it), `population_size` members and the book as
-parts, and `checkpoint_every` folded into `[checkpoint] every_steps` counting
-generations.
+(`strategies/federated/loop.py`); population_based its generation loop
+(`strategies/population/loop.py`), whose `progress.global_step` counts
+training steps (`Plan.steps_per_unit`), whose validation is the best member's
+figures it measured itself (`Plan.validation`, selected by `strategy.metric`
+/ `mode`: `Plan.selection`), and whose model of record is the best member,
+sent to every rank for the test splits and artifacts.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -77,6 +73,19 @@ class Plan:
     epochs: int | None = None  # epochs of the data, when the positions are steps
     eval_every: int | None = None  # evaluate every this many units (None: by epochs only)
     optional_parts: tuple[str, ...] = field(default=())  # parts older checkpoints may lack
+    #: steps of training per unit, when `progress.global_step` counts steps but the unit
+    #: is longer (a population's generation of `ready_interval` steps); 1 otherwise
+    steps_per_unit: int = 1
+    #: checkpoint every this many units instead of `[checkpoint] every_steps` (population's
+    #: `checkpoint_every`, in generations; 0: at the end only); None: the config's
+    checkpoint_every: int | None = None
+    #: the loop measures its validation itself (a population scores every member on its
+    #: split): the figures of the model of record, {split: {metric: value}}; None: the
+    #: driver evaluates the model of record on the task's evaluation splits
+    validation: Callable[[], dict[str, dict[str, float]]] | None = None
+    #: (split, metric, "max" | "min") that selects the best model; None: the task's first
+    #: evaluation split and primary metric
+    selection: tuple[str, str, str] | None = None
 
 
 class ModelOfRecord(Protocol):

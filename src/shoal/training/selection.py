@@ -31,8 +31,14 @@ class Selection:
         progress: TrainProgress,
         record: ModelOfRecord,
         save_best: Callable[[CheckpointManager], Path | None],
+        criterion: tuple[str, str, str] | None = None,
     ) -> None:
         self.ctx, self.task, self.progress, self.record = ctx, task, progress, record
+        if criterion is None:
+            splits = task.eval_splits()
+            criterion = (splits[0] if splits else "", *task.primary_metric)
+        #: (split, metric, "max" | "min"): the validation figure that selects the best model
+        self.criterion = criterion
         self.save_best = save_best
         self.manager = CheckpointManager(ctx, 1, ctx.paths.best)
         self.checkpoint: Path | None = None
@@ -52,9 +58,8 @@ class Selection:
         return self.progress.stopped_early and not was_stopped
 
     def _improved(self, figures: dict[str, dict[str, float]]) -> bool:
-        splits = self.task.eval_splits()
-        name, direction = self.task.primary_metric
-        value = figures.get(splits[0], {}).get(name) if splits else None
+        split, name, direction = self.criterion
+        value = figures.get(split, {}).get(name) if split else None
         if value is None or math.isnan(value):
             return False
         p = self.progress
@@ -71,7 +76,7 @@ class Selection:
             return False
         p.stopped_early = True
         self.message = (
-            f"early stop at step {p.global_step}: {splits[0]} {name} has not improved for "
+            f"early stop at step {p.global_step}: {split} {name} has not improved for "
             f"{patience} evaluations (best {p.best_metric:.4f} at step {p.best_step})"
         )
         return False
@@ -93,7 +98,7 @@ class Selection:
         if p.best_metric is None:
             return None
         return {
-            "metric": self.task.primary_metric[0],
+            "metric": self.criterion[1],
             "value": p.best_metric,
             "step": p.best_step,
             "checkpoint": str(self.checkpoint) if self.checkpoint else None,
