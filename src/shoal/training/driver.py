@@ -195,12 +195,14 @@ class Driver:
 
     # ---------------------------------------------------------------- checkpoints
     def _parts(self) -> dict[str, StatePart]:
-        return {
+        """The loop's parts, then the driver's (a loop may bring its own `rng`)."""
+        parts = {
             **self.loop.state_parts(),
             "progress": self.progress,
             "config": Fixed(dump_config(self.ctx.config)),
-            "rng": RankRngs(self.ctx, reseed=lambda: self.progress.global_step),
         }
+        parts.setdefault("rng", RankRngs(self.ctx, reseed=lambda: self.progress.global_step))
+        return parts
 
     def _files(self) -> list[FilePart]:
         """The task's files (first) and the loop's, written into every checkpoint folder."""

@@ -149,8 +149,10 @@ class ParameterServerStrategy(Strategy):
             thread = threading.Thread(target=serve, name=f"ps-server-{server}", daemon=True)
             thread.start()
         self._start_worker(channel)
+        # the workers' collectives (metrics, evaluation, checkpoints) run on their own group
         worker_ctx = dataclasses.replace(ctx, world_size=config.num_workers, group=workers_group)
-        task.ctx = worker_ctx
+        self.worker_ctx = worker_ctx
+        task = self.task = task.on(worker_ctx)
         collaborators = StepCollaborators(
             build_model=_served_model_shapes(task),
             make_learner=self.make_learner,
@@ -297,7 +299,7 @@ class ParameterServerStrategy(Strategy):
     def attach(self, model: nn.Module) -> GradientSync:
         assert isinstance(model, KGEModel)
         model.serve_tables(self.served)
-        worker_ctx = self.task.ctx
+        worker_ctx = self.worker_ctx
 
         def reduce(values: list[float]) -> list[float]:
             return all_reduce_sum(worker_ctx, values)

@@ -31,14 +31,12 @@ import copy
 import json
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, replace
 from typing import Any
 
 import numpy as np
 
-from shoal.checkpoint.parts import FilePart, StatePart
+from shoal.checkpoint.parts import FilePart, RankRngs, StatePart
 from shoal.errors import ConfigError, ShoalError
 from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.context import WorkerContext
@@ -80,23 +78,6 @@ def member_seed(seed: int, member: int) -> int:
     return int(np.random.SeedSequence([seed, member]).generate_state(1)[0])
 
 
-@contextmanager
-def alone(task: Task) -> Iterator[None]:
-    """Let `task` evaluate a model on this worker alone.
-
-    `Task.evaluate` is collective: each rank scores its slice and the ranks sum.
-    Here each worker scores its own members, which the other workers do not
-    have, so the task sees a world of one while it does (its collectives then
-    are the identity).
-    """
-    shared = task.ctx
-    task.ctx = replace(shared, rank=0, world_size=1, backend=None, heartbeat=None)
-    try:
-        yield
-    finally:
-        task.ctx = shared
-
-
 class PopulationLoop:
     """The generation loop on one worker: its members, the population's book."""
 
@@ -108,12 +89,12 @@ class PopulationLoop:
         roles: RankRoles,
         describe: str,
     ) -> None:
-        self.ctx = ctx
-        self.roles = roles
-        self.task = task
-        self.config = config
-        self.describe = describe
-        self.train = ctx.config.train
+        self.ctx, self.roles, self.task, self.config = ctx, roles, task, config
+        self.describe, self.train = describe, ctx.config.train
+        # each worker scores its own members, which the others do not have: the task's
+        # evaluation (collective) runs among the ranks of a world of one
+        solo = replace(ctx, rank=0, world_size=1, backend=None, heartbeat=None, group=None)
+        self.alone = task.on(solo)
         self.size = config.population_size
         self.space = config.search_space
         self.metric, self.mode = resolve_metric(config, type(task))
@@ -178,8 +159,10 @@ class PopulationLoop:
         )
 
     def state_parts(self) -> dict[str, StatePart]:
-        """The book first: the members take their hyperparameters from it."""
-        return {"population": Book(self), "members": Members(self)}
+        """The book first: the members take their hyperparameters from it. Each member
+        carries its own generators, so a resume on another number of workers draws as an
+        uninterrupted run does: the workers' own generators need no reseeding."""
+        return {"population": Book(self), "members": Members(self), "rng": RankRngs(self.ctx)}
 
     def file_parts(self) -> list[FilePart]:
         return []
@@ -294,8 +277,7 @@ class PopulationLoop:
 
     def _evaluate(self, member: Member) -> tuple[dict[str, float], float]:
         started = time.perf_counter()
-        with alone(self.task):
-            metrics = self.task.evaluate(member.model, self.config.split)
+        metrics = self.alone.evaluate(member.model, self.config.split)
         if self.metric not in metrics:
             raise ShoalError(
                 f"strategy.metric: {self.metric!r} is not measured by task "
