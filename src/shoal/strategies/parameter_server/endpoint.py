@@ -1,9 +1,15 @@
 """A server's side of the transport: read requests from any rank, answer them, stay in step.
 
-A receiver thread posts a receive for the next header from *any* rank (`dist.recv`
-without `src`), then reads that rank's payload, and puts the decoded message into
-an inbox; the serving loop takes messages from the inbox with a timeout (held
-requests expire, a silent job is noticed) and sends replies.
+One receiver thread per remote rank posts a receive for that rank's next header,
+then reads its payload, and puts the decoded message into an inbox; the serving loop
+takes messages from the inbox with a timeout (held requests expire, a silent job is
+noticed) and sends replies. A receive from *any* rank (`dist.recv` without `src`) is
+not used: once a closed rank's payloads are left unread, gloo's any-source matching
+stopped delivering the other ranks' headers (seen as a hang of the honest workers),
+whereas a receive bound to one rank is matched only by that rank's messages. The
+header receives wait without a deadline of their own (a worker may rightly be quiet
+for long while the others train): the serving loop notices a silent job, a dead peer
+fails its receive, and the launcher's heartbeats notice a hung one.
 
 Staying in step with each rank (:class:`Channels`) is what keeps a rejected message
 from corrupting the next one: gloo hands a receive the next message on its tag
@@ -66,6 +72,9 @@ from shoal.strategies.parameter_server.wire import (
     unpack_payload,
 )
 
+# A header receive's deadline: none in practice (see the module docstring).
+_UNTIL_HEARD = datetime.timedelta(days=365)
+
 
 @dataclass
 class Rejected:
@@ -97,12 +106,14 @@ class Channels:
         self.expected: collections.defaultdict[int, int] = collections.defaultdict(lambda: 1)
         self.closed: dict[int, str] = {}
         self.heard = time.monotonic()  # when the last header arrived
-        self.reading = False  # waiting for a payload: its own timeout names the rank
+        self.reading: set[int] = set()  # ranks whose payload is awaited (its own timeout)
 
-    def receive(self) -> Message | Rejected:
-        """The next request from any rank: read to its end, or refused (blocking)."""
+    def receive(self, source: int) -> Message | Rejected:
+        """The next request of rank `source`: read to its end, or refused (blocking)."""
         raw = torch.zeros(HEADER_LEN, dtype=torch.int64)  # a truncated header keeps zeros
-        source = dist.recv(raw, src=None, group=self.group, tag=Tag.HEADER)
+        work = dist.irecv(raw, source, group=self.group, tag=Tag.HEADER)
+        assert work is not None, "this rank is not in the servers' group"
+        work.wait(_UNTIL_HEARD)
         self.heard = time.monotonic()
         return self.read(raw, source)
 
@@ -148,11 +159,11 @@ class Channels:
         payload = torch.empty(size, dtype=torch.uint8)
         payload[-STAMP_LEN:] = 0  # a short payload leaves these: never a valid stamp
         work = dist.irecv(payload, source, group=self.group, tag=Tag.PAYLOAD)
-        self.reading = True
+        self.reading.add(source)
         try:
             assert work is not None, "this rank is not in the servers' group"
             work.wait(datetime.timedelta(seconds=self.timeout_s))
-            self.reading = False
+            self.reading.discard(source)
         except Exception as exc:
             raise PeerTimeout(
                 f"server {self.server}: rank {source} announced a payload of {size} bytes "
@@ -215,26 +226,29 @@ class ServerEndpoint:
         return [w for w in range(self.server.num_workers) if w != local]
 
     # ------------------------------------------------------------ receiving
-    def _receive_loop(self) -> None:
-        """Thread: network -> inbox, until every remote worker said BYE or receiving fails."""
-        remaining = set(self.remote_workers())
-        while remaining:
+    def _receive_loop(self, source: int) -> None:
+        """Thread: rank `source` -> inbox, until it said BYE or receiving from it fails."""
+        while True:
             try:
-                item = self.channels.receive()
-            except Exception as exc:  # a peer died, a payload did not come, the group timed out
+                item = self.channels.receive(source)
+            except Exception as exc:  # the peer died, a payload did not come
                 self.inbox.put(_Failed(exc))
                 return
-            if isinstance(item, Message) and item.header.op == Op.BYE:
-                remaining.discard(item.source)
             self.inbox.put(item)
+            if isinstance(item, Message) and item.header.op == Op.BYE:
+                return
 
     # ------------------------------------------------------------ serving
     def serve(self) -> None:
         """Answer requests until every worker is done; raise naming who went silent."""
         server = self.server
-        thread = None
-        if self.remote_workers():
-            thread = threading.Thread(target=self._receive_loop, name="ps-receive", daemon=True)
+        threads = [
+            threading.Thread(
+                target=self._receive_loop, args=(rank,), name=f"ps-receive-{rank}", daemon=True
+            )
+            for rank in self.remote_workers()
+        ]
+        for thread in threads:
             thread.start()
         last_heard = time.monotonic()
         while not all(server.finished):
@@ -276,8 +290,9 @@ class ServerEndpoint:
                 except WireError as exc:  # names no worker or no request: answered at once
                     replies = self._rejected(Rejected(item.source, item.header, str(exc)), now)
             self._send_all(replies + server.expire(now))
-        if thread is not None:
-            thread.join(timeout=self.timeout_s)
+        deadline = time.monotonic() + self.timeout_s
+        for thread in threads:
+            thread.join(timeout=max(0.0, deadline - time.monotonic()))
         self._flush()
 
     def _rejected(self, item: Rejected, now: float) -> list[Reply]:
