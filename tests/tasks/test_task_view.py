@@ -8,33 +8,16 @@ keeps its context, and the view shares its data rather than copying it.
 from __future__ import annotations
 
 import dataclasses
-import logging
 from pathlib import Path
 
 import torch
 
-from shoal.launch.plan import create_run, plan_job
-from shoal.runtime.context import WorkerContext
-from shoal.runtime.hosts import Hosts
 from shoal.tasks.classification.task import ClassificationTask
-from tests.conftest import small_job
+from tests.conftest import one_worker_context, small_job
 
 
 def test_a_view_evaluates_among_its_own_ranks_and_shares_the_data(runs: Path) -> None:
-    plan = plan_job(small_job(runs))
-    ctx = WorkerContext(
-        config=plan.config,
-        paths=create_run(plan),
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        local_world_size=1,
-        device=torch.device("cpu"),
-        backend=None,
-        launch_mode="inprocess",
-        log=logging.getLogger("test"),
-        hosts=Hosts.single(1),
-    )
+    ctx = one_worker_context(small_job(runs))
     task = ClassificationTask(ctx)
     second_of_two = dataclasses.replace(ctx, rank=1, world_size=2)
     view = task.on(second_of_two)
