@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import logging
 import os
 import subprocess
 import sys
@@ -53,6 +54,29 @@ def small_job(run_dir: Path, **sections: Any) -> dict[str, Any]:
 
 def data_parallel(workers: int) -> dict[str, Any]:
     return {"type": "data_parallel", "num_replicas": workers}
+
+
+def one_worker_context(job: dict[str, Any]) -> Any:
+    """A WorkerContext of rank 0 in a world of one for `job`, with its run directory made
+    (for building a task in the test's own process)."""
+    from shoal.launch.plan import create_run, plan_job
+    from shoal.runtime.context import WorkerContext
+    from shoal.runtime.hosts import Hosts
+
+    plan = plan_job(job)
+    return WorkerContext(
+        config=plan.config,
+        paths=create_run(plan),
+        rank=0,
+        world_size=1,
+        local_rank=0,
+        local_world_size=1,
+        device=torch.device("cpu"),
+        backend=None,
+        launch_mode="inprocess",
+        log=logging.getLogger("test"),
+        hosts=Hosts.single(1),
+    )
 
 
 def final_state(results: dict[str, Any]) -> dict[str, Any]:

@@ -1,8 +1,9 @@
 """Write, list, prune and find checkpoints.
 
-A checkpoint is a folder `checkpoints/step-<n>/` holding `state.pt` (model,
-optimizer, schedule, data position, strategy state, every rank's RNG state), any
-files a strategy adds (a parameter server's shards), and `meta.json`: what it is,
+A checkpoint is a folder `checkpoints/step-<n>/` holding `state.pt` (the
+state of every part the job hands over, under the part's name: model, optimizer,
+schedule, data position, strategy state, every rank's RNG state; `parts.py`),
+the files of its file parts (a parameter server's shards), and `meta.json`: what it is,
 the config and data it was trained with, and the checksum of every other file
 (`integrity.py`). It is assembled in a hidden temporary folder and renamed into
 place, so a folder named `step-<n>` is complete unless something outside shoal
@@ -18,7 +19,7 @@ import json
 import re
 import shutil
 import time
-from collections.abc import Callable
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,12 +36,11 @@ from shoal.checkpoint.integrity import (
     seal,
     sha256_file,
 )
+from shoal.checkpoint.parts import FilePart, StatePart, collect
 from shoal.config import dump_config
 from shoal.errors import ShoalError
 from shoal.run.attempt import promote_config
-from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.context import WorkerContext
-from shoal.runtime.rng import capture_rng
 
 __all__ = [
     "META_FILE",
@@ -125,31 +125,39 @@ class CheckpointManager:
     def save(
         self,
         step: int,
-        state: dict[str, Any],
+        parts: Mapping[str, StatePart],
         meta: dict[str, Any],
-        extra_files: Callable[[Path], dict[str, str]] | None = None,
+        files: Sequence[FilePart] = (),
     ) -> Path | None:
         """Collective: every rank calls it. Returns the complete checkpoint folder on rank 0.
 
-        `extra_files(folder)` (rank 0) may write more files into the folder before it is
-        renamed into place, returning {name: sha256} of what it wrote. Every file in the
-        folder is then hashed into meta.json, whoever wrote it; a declared checksum that
-        differs from the bytes on disk fails the save. A save of a step that exists
-        replaces it (a run resumed from an earlier checkpoint overtakes a later one).
+        Every part's `state_dict()` is taken on every rank (a part may gather what each
+        rank holds: `parts.py`) and rank 0 saves them under their names in state.pt.
+        Each file part then writes its files into the folder before it is renamed into
+        place, returning {name: sha256} of what it wrote. Every file in the folder is
+        hashed into meta.json, whoever wrote it; a declared checksum that differs from
+        the bytes on disk fails the save. A save of a step that exists replaces it (a
+        run resumed from an earlier checkpoint overtakes a later one).
         """
-        rng = gather_bytes(self.ctx, capture_rng())
-        if not self.ctx.is_main:
-            return None
+        state = collect(parts, self.ctx.is_main)
+        path = self._write(step, state, meta, files) if self.ctx.is_main else None
+        for part in files:
+            part.written()
+        return path
+
+    def _write(
+        self, step: int, state: dict[str, Any], meta: dict[str, Any], files: Sequence[FilePart]
+    ) -> Path:
         final = self.directory / f"step-{step:08d}"
         tmp = self.directory / f".step-{step:08d}.tmp"
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)  # also creates the directory itself (e.g. best/) on first use
         try:
-            payload = dict(state)
-            payload["rng"] = [torch.frombuffer(bytearray(b), dtype=torch.uint8) for b in rng]
-            torch.save(payload, tmp / STATE_FILE)
+            torch.save(state, tmp / STATE_FILE)
             fsync_file(tmp / STATE_FILE)
-            declared = extra_files(tmp) if extra_files is not None else {}
+            declared: dict[str, str] = {}
+            for part in files:
+                declared.update(part.write_files(tmp))
             checksums = {name: sha256_file(tmp / name) for name in folder_files(tmp)}
             for name, digest in declared.items():
                 if checksums.get(name) != digest:

@@ -39,7 +39,13 @@ def check_bind(value: str) -> str:
 class CheckpointConfig(ConfigModel):
     """When checkpoints are written and how many are kept."""
 
-    every_steps: int = Field(0, ge=0, description="Write a checkpoint every N steps (0: never).")
+    every_steps: int = Field(
+        0,
+        ge=0,
+        description="Write a checkpoint every N units of the strategy's loop (0: never): steps "
+        "(local, data_parallel, parameter_server), rounds (federated); population_based "
+        "counts generations with strategy.checkpoint_every.",
+    )
     every_epochs: int = Field(
         1, ge=0, description="Write a checkpoint at the end of every N-th epoch (0: never)."
     )

@@ -20,6 +20,9 @@ def run_job(ctx: WorkerContext) -> dict[str, Any]:
     seed_everything(ctx.config.train.seed)  # user factories may draw random numbers
     task = build_task(ctx)
     strategy = strategy_class(ctx.config.strategy)(ctx)
+    strategy.roles.validate(ctx.world_size, f"strategy {ctx.config.strategy.type}")
+    if ctx.is_main:
+        ctx.log.info("roles: %s", strategy.roles.describe())
     results = strategy.run(task)
     if ctx.is_main:  # a resumed run that wrote no checkpoint still ran with this config
         promote_config(ctx.paths, ctx.config)

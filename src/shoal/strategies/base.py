@@ -3,10 +3,11 @@
 A strategy answers three questions: how many worker processes it needs, what
 happens to gradients between backward and the optimizer step (`attach` returns a
 :class:`~shoal.training.contracts.GradientSync`), and what the job loop is
-(`run`; by default the shared :class:`~shoal.training.trainer.Trainer`).
-`local` and `data_parallel` differ only in the gradient sync; strategies with
-another loop (federated rounds, population generations) override `run` and reuse
-the trainer's pieces.
+(`run`; by default the step loop, `training/steps.py`, under the one driver,
+`training/driver.py`). `local` and `data_parallel` differ only in the gradient
+sync; a strategy with another unit (federated rounds) gives the driver its own
+:class:`~shoal.training.loop.UnitLoop`, and one whose model lives elsewhere (the
+parameter server) gives the step loop its collaborators.
 """
 
 from __future__ import annotations
@@ -20,9 +21,11 @@ from torch import nn
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.roles import RankRoles
 from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync
-from shoal.training.trainer import Trainer
+from shoal.training.driver import Driver
+from shoal.training.steps import StepLoop
 
 
 class Strategy(ABC):
@@ -52,6 +55,11 @@ class Strategy(ABC):
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
+        self.roles = self.make_roles()
+
+    def make_roles(self) -> RankRoles:
+        """Which rank does what (`runtime/roles.py`); by default every rank trains."""
+        return RankRoles.replicas(self.ctx.world_size)
 
     @classmethod
     def world_size(cls, config: ShoalConfig) -> int:
@@ -93,4 +101,4 @@ class Strategy(ABC):
 
     def run(self, task: Task) -> dict[str, Any]:
         """The job: by default the shared training loop."""
-        return Trainer(self.ctx, task, self).fit()
+        return Driver(self.ctx, task, StepLoop(self.ctx, task, self), self.describe()).run()

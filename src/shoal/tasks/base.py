@@ -13,10 +13,11 @@ one worker exactly, whatever B mod N is.
 
 from __future__ import annotations
 
+import copy
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 import torch
 from pydantic import BaseModel
@@ -65,6 +66,15 @@ class Task(ABC):
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
+
+    def on(self, ctx: WorkerContext) -> Self:
+        """This task (its data and caches shared, nothing copied) with its collectives run
+        among the ranks of `ctx`: a strategy that evaluates within a group of its own (the
+        parameter server's workers) or on one worker alone (a population's members) hands
+        its loop such a view instead of changing the context of the task everyone shares."""
+        view = copy.copy(self)
+        view.ctx = ctx
+        return view
 
     @property
     @abstractmethod

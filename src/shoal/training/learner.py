@@ -12,11 +12,13 @@ population members) drive learners directly.
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch import nn
 
+from shoal.checkpoint.parts import Custom, ModelPart, StatePart, collect, load_parts
 from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
 from shoal.tasks.base import LossOutput, Task
@@ -26,6 +28,9 @@ from shoal.training.meter import StepStats
 from shoal.training.nonfinite import describe_nonfinite
 from shoal.training.optim import WarmupDecay, build_factor, build_optimizer, build_scheduler
 from shoal.training.precision import Precision
+
+#: learner parts a checkpoint may lack: older ones kept no optimizer kind; fp16 only
+LEARNER_OPTIONAL = ("optimizer_kind", "precision")
 
 
 class Learner:
@@ -55,6 +60,8 @@ class Learner:
         self.scheduler = build_scheduler(self.optimizer, train, total_steps)
         self.total_steps = total_steps
         self.precision = Precision(train.mixed_precision, self.device)
+        self._loaded_kind: str | None = None  # while loading: the saved optimizer's kind
+        self._fresh: list[dict[str, Any]] = []  # while loading: the config's param groups
 
     @property
     def lr(self) -> float:
@@ -118,16 +125,20 @@ class Learner:
             skipped=bool(nonfinite),
         )
 
-    def state_dict(self) -> dict[str, Any]:
-        state = {
-            "model": self.model.state_dict(),
-            "optimizer": self.optimizer.state_dict(),
-            "optimizer_kind": self.train.optimizer.kind,
-            "scheduler": self.scheduler.state_dict(),
+    def parts(self) -> dict[str, StatePart]:
+        """The learner's checkpoint parts, in load order (`checkpoint/parts.py`)."""
+        parts: dict[str, StatePart] = {
+            "model": ModelPart(self.model),
+            "optimizer_kind": Custom(lambda: self.train.optimizer.kind, self._saved_kind),
+            "optimizer": Custom(self.optimizer.state_dict, self._load_optimizer),
+            "scheduler": Custom(self.scheduler.state_dict, self._load_scheduler),
         }
         if self.precision.mode == "fp16":
-            state["precision"] = self.precision.state_dict()
-        return state
+            parts["precision"] = self.precision
+        return parts
+
+    def state_dict(self) -> dict[str, Any]:
+        return collect(self.parts(), is_main=True)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a saved state under the current config.
@@ -137,15 +148,24 @@ class Learner:
         `load_state_dict` would bring back the saved ones silently. A saved optimizer of
         another kind has state this one cannot use: the optimizer then starts afresh.
         """
-        self.model.load_state_dict(state["model"])
-        fresh = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
-        if state.get("optimizer_kind", self.train.optimizer.kind) == self.train.optimizer.kind:
-            self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        if "precision" in state and self.precision.mode == "fp16":
-            self.precision.load_state_dict(state["precision"])
-        # the schedule follows the current config (a resumed run may have been extended),
-        # continuing the plateau state the checkpoint saved
+        self._loaded_kind = None
+        load_parts(state, self.parts(), Path("the checkpoint"), optional=LEARNER_OPTIONAL)
+
+    def _saved_kind(self, kind: str) -> None:
+        self._loaded_kind = kind
+
+    def _load_optimizer(self, state: dict[str, Any]) -> None:
+        self._fresh = [
+            {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
+        ]
+        if self._loaded_kind in (None, self.train.optimizer.kind):
+            self.optimizer.load_state_dict(state)
+
+    def _load_scheduler(self, state: dict[str, Any]) -> None:
+        """After the optimizer: the schedule of the current config (a resumed run may have
+        been extended) at the saved step, continuing the plateau state the checkpoint saved."""
+        fresh = self._fresh
+        self.scheduler.load_state_dict(state)
         factor = build_factor(self.train, self.total_steps)
         saved = self.scheduler.lr_lambdas[0]
         assert isinstance(saved, WarmupDecay)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import logging
 import math
 from pathlib import Path
 
@@ -15,7 +14,7 @@ import shoal
 from shoal.checkpoint.manager import list_checkpoints
 from shoal.errors import ConfigError, DataError, JobFailed
 from shoal.tasks.lm.tokenizer import TOKENIZER_FILE, Tokenizer
-from tests.conftest import data_parallel, final_state
+from tests.conftest import data_parallel, final_state, one_worker_context
 from tests.tasks.lm.helpers import lm_job, write_text
 
 
@@ -43,25 +42,9 @@ def test_data_parallel_reproduces_local_and_the_loss_falls(runs: Path, tmp_path:
 
 def test_loss_is_the_mean_per_token(runs: Path, tmp_path: Path) -> None:
     """loss_sum / windows is the mean cross-entropy over every target of the batch."""
-    from shoal.launch.plan import create_run, plan_job
-    from shoal.runtime.context import WorkerContext
-    from shoal.runtime.hosts import Hosts
     from shoal.tasks.lm.task import LMTask
 
-    plan = plan_job(lm_job(runs, write_text(tmp_path)))
-    ctx = WorkerContext(
-        config=plan.config,
-        paths=create_run(plan),
-        rank=0,
-        world_size=1,
-        local_rank=0,
-        local_world_size=1,
-        device=torch.device("cpu"),
-        backend=None,
-        launch_mode="inprocess",
-        log=logging.getLogger("test"),
-        hosts=Hosts.single(1),
-    )
+    ctx = one_worker_context(lm_job(runs, write_text(tmp_path)))
     task = LMTask(ctx)
     torch.manual_seed(0)
     model = task.build_model()

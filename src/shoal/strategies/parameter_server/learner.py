@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from shoal.checkpoint.parts import Fixed, StatePart
 from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
 from shoal.strategies.parameter_server.client import PendingPull, RowClient
@@ -245,9 +246,7 @@ class ServerLearner:
         """The servers' learning rate is constant (a schedule is refused by the config)."""
         return None
 
-    def state_dict(self) -> dict[str, Any]:
-        """The tables are in the servers' shard files; the worker has nothing of its own."""
-        return {"model": {}}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        return None
+    def parts(self) -> dict[str, StatePart]:
+        """The tables are in the servers' shard files (a file part of the job); the worker
+        has nothing of its own. An empty model entry tells a resume so."""
+        return {"model": Fixed({})}

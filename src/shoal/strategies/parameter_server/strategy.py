@@ -22,6 +22,7 @@ import dataclasses
 import datetime
 import itertools
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -34,8 +35,10 @@ from shoal.errors import ConfigError, ShoalError
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.hosts import Hosts
 from shoal.runtime.rng import seed_everything
+from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
 from shoal.strategies.parameter_server.client import RowClient
+from shoal.strategies.parameter_server.collaborators import ServedModel, ShardFiles, server_section
 from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
 from shoal.strategies.parameter_server.endpoint import ServerEndpoint
 from shoal.strategies.parameter_server.learner import ServedRows, ServerLearner, ServerSync
@@ -43,7 +46,6 @@ from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
 from shoal.strategies.parameter_server.server import ShardServer
 from shoal.strategies.parameter_server.sharding import table_owners
 from shoal.strategies.parameter_server.shards import build_shard, load_shards
-from shoal.strategies.parameter_server.trainer import ServerTrainer
 from shoal.strategies.parameter_server.transport import (
     Link,
     LocalChannel,
@@ -56,7 +58,9 @@ from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.task import KGETask
 from shoal.tasks.kge.training_types import unserved_reason
 from shoal.training.contracts import GradientSync
+from shoal.training.driver import Driver
 from shoal.training.faults import maybe_inject_fault
+from shoal.training.steps import StepCollaborators, StepLoop
 
 MIB = 1 << 20
 
@@ -104,26 +108,18 @@ class ParameterServerStrategy(Strategy):
         return config
 
     # ------------------------------------------------------------ roles
-    def _server_rank(self, server: int) -> int:
-        return server_ranks(self.config, self.ctx.hosts)[server]
-
-    def _my_server(self) -> int | None:
-        """The server this rank runs (None: none)."""
-        ranks = server_ranks(self.config, self.ctx.hosts)
-        return ranks.index(self.ctx.rank) if self.ctx.rank in ranks else None
+    def make_roles(self) -> RankRoles:
+        c = self.config
+        dedicated = c.placement == "dedicated"
+        return RankRoles.parameter_server(c.num_workers, server_ranks(c, self.ctx.hosts), dedicated)
 
     def run(self, task: Task) -> dict[str, Any]:
         if not isinstance(task, KGETask):
             raise ShoalError("strategy parameter_server trains task type 'kge'")
         ctx, config = self.ctx, self.config
-        if ctx.world_size != config.world_size:
-            raise ShoalError(
-                f"strategy parameter_server needs {config.world_size} processes "
-                f"({config.num_workers} workers + servers), this job has {ctx.world_size}"
-            )
         timeout = datetime.timedelta(seconds=ctx.config.faults.timeout_s)
         self.group = dist.new_group(backend="gloo", timeout=timeout)  # collective: all ranks
-        worker_ranks = list(range(config.num_workers))
+        worker_ranks = list(self.roles.workers)
         workers_group = dist.new_group(ranks=worker_ranks, timeout=timeout)
         self.task = task
         self.owners = {
@@ -134,8 +130,8 @@ class ParameterServerStrategy(Strategy):
                 config.sharding, config.num_servers, task.relation_labels, True
             ),
         }
-        server = self._my_server()
-        if ctx.rank >= config.num_workers:  # a dedicated server
+        server = self.roles.server_of(ctx.rank)
+        if not self.roles.is_worker(ctx.rank):  # a dedicated server
             assert server is not None
             self._endpoint(server, None).serve()
             return {"status": "completed", "role": f"server {server}"}
@@ -155,9 +151,22 @@ class ParameterServerStrategy(Strategy):
             thread = threading.Thread(target=serve, name=f"ps-server-{server}", daemon=True)
             thread.start()
         self._start_worker(channel)
+        # the workers' collectives (metrics, evaluation, checkpoints) run on their own group
         worker_ctx = dataclasses.replace(ctx, world_size=config.num_workers, group=workers_group)
-        task.ctx = worker_ctx
-        results = ServerTrainer(worker_ctx, task, self).fit()
+        self.worker_ctx = worker_ctx
+        task = self.task = task.on(worker_ctx)
+        collaborators = StepCollaborators(
+            build_model=_served_model_shapes(task),
+            make_learner=self.make_learner,
+            model_of_record=lambda learner, progress: ServedModel(
+                worker_ctx, self.client, learner.model, progress
+            ),
+            files=lambda progress: [ShardFiles(worker_ctx, self.client, progress)],
+            after_restore=self.resume_clock,
+            section=lambda progress: server_section(worker_ctx, self, progress),
+        )
+        loop = StepLoop(worker_ctx, task, self, collaborators)
+        results = Driver(worker_ctx, task, loop, self.describe()).run()
         self.client.bye()
         if thread is not None:
             thread.join(timeout=ctx.config.faults.timeout_s)
@@ -196,7 +205,7 @@ class ParameterServerStrategy(Strategy):
             shard.resume_at(
                 load_shards(Path(ctx.resume_from), server, config.num_servers, tables, ctx.log)
             )
-        rank = self._server_rank(server)
+        rank = self.roles.servers[server]
         host = ctx.hosts.label(ctx.hosts.host_of[rank])
         ctx.log.info("%s; host %s", describe_server(shard, config, rank), host)
         last = [-1]
@@ -226,7 +235,7 @@ class ParameterServerStrategy(Strategy):
         config, task = self.config, self.task
         links: list[Link] = []
         for server in range(config.num_servers):
-            rank = self._server_rank(server)
+            rank = self.roles.servers[server]
             if channel is not None and rank == self.ctx.rank:
                 links.append(LocalLink(server, rank, channel))
             else:
@@ -292,7 +301,7 @@ class ParameterServerStrategy(Strategy):
     def attach(self, model: nn.Module) -> GradientSync:
         assert isinstance(model, KGEModel)
         model.serve_tables(self.served)
-        worker_ctx = self.task.ctx
+        worker_ctx = self.worker_ctx
 
         def reduce(values: list[float]) -> list[float]:
             return all_reduce_sum(worker_ctx, values)
@@ -300,10 +309,10 @@ class ParameterServerStrategy(Strategy):
         self.sync = ServerSync(self.client, reduce, self.config.num_workers, self.ctx.is_main)
         return self.sync
 
-    def make_learner(self, task: Task, model: nn.Module, sync: GradientSync) -> ServerLearner:
-        assert isinstance(task, KGETask) and isinstance(sync, ServerSync)
-        return ServerLearner(
-            task,
+    def make_learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> ServerLearner:
+        assert isinstance(sync, ServerSync)
+        learner = ServerLearner(
+            self.task,
             model,
             sync,
             self.served,
@@ -311,6 +320,8 @@ class ParameterServerStrategy(Strategy):
             self.config,
             (self.ctx.rank, self.config.num_workers),
         )
+        learner.total_steps = total_steps
+        return learner
 
     def resume_clock(self, step: int) -> None:
         self.client.resume_at(step)
@@ -323,6 +334,17 @@ class ParameterServerStrategy(Strategy):
             f"parameter_server x{c.num_workers} workers, {c.num_servers} servers "
             f"({c.placement}, {c.sharding.kind} sharding, {c.mode}{bound}, {c.optimizer.kind})"
         )
+
+
+def _served_model_shapes(task: KGETask) -> Callable[[], nn.Module]:
+    """The worker's model: the shapes only, built on the meta device (the rows live on the
+    servers; `attach` serves them)."""
+
+    def build() -> nn.Module:
+        with torch.device("meta"):
+            return task.build_model()
+
+    return build
 
 
 def server_ranks(config: ParameterServerStrategyConfig, hosts: Hosts) -> list[int]:

@@ -1,7 +1,8 @@
-"""The generation loop of population-based training.
+"""The generation loop of population-based training, run by the one driver.
 
-Members are dealt round-robin to the workers (member m lives on rank m mod W)
-and time-share them. A generation:
+Members are dealt round-robin to the workers (member m lives on rank m mod W,
+`runtime/roles.py`) and time-share them. A generation is the loop's unit
+(`training/loop.py`):
 
 1. every worker trains each of its members for `ready_interval` steps, with the
    member's own data position and generators, and evaluates it on its own;
@@ -12,9 +13,16 @@ and time-share them. A generation:
 4. each loser receives its winner's weights, optimizer state and schedule (from
    its own worker's memory, or as tensors from the winner's worker), takes the
    explored hyperparameters into its live optimizer and model, and keeps its own
-   data position;
-5. every `checkpoint_every` generations rank 0 gathers every member's state and
-   writes one checkpoint: a resume continues at that generation boundary exactly.
+   data position.
+
+The driver does the rest, as for every strategy: progress counts training
+steps (`progress.global_step` is the members' step; a generation is
+`ready_interval` of them), a checkpoint every `strategy.checkpoint_every`
+generations (every member's state and the book: `parts.py`; a resume continues
+at that generation boundary exactly), stop requests at generation boundaries,
+model selection on the best member's figures (by `strategy.metric` / `mode` on
+`strategy.split`), the test splits and artifacts with the best member
+(`record.py`), and results.json with this loop's section.
 """
 
 from __future__ import annotations
@@ -23,24 +31,20 @@ import copy
 import json
 import math
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import asdict, replace
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from shoal.checkpoint.manager import CheckpointManager
+from shoal.checkpoint.parts import FilePart, RankRngs, StatePart
 from shoal.errors import ConfigError, ShoalError
-from shoal.monitor.metrics import MetricsLog
-from shoal.monitor.progress import ProgressReporter
 from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.context import WorkerContext
-from shoal.runtime.stop import STOP, stop_record
-from shoal.strategies.population.checkpoints import restore, save
+from shoal.runtime.rng import seed_everything
+from shoal.runtime.roles import RankRoles
+from shoal.runtime.stop import STOP
 from shoal.strategies.population.config import PopulationStrategyConfig
-from shoal.strategies.population.lineage import Generation, MemberRecord
+from shoal.strategies.population.lineage import Generation, MemberRecord, schedule
 from shoal.strategies.population.member import GenerationStats, Member
 from shoal.strategies.population.operators import (
     EXPLOIT_STREAM,
@@ -52,14 +56,17 @@ from shoal.strategies.population.operators import (
     fitness,
     stream,
 )
+from shoal.strategies.population.parts import Book, Members
 from shoal.strategies.population.plot import PLOT_FILE, PlotFollower
+from shoal.strategies.population.record import BestMember, best_member
 from shoal.strategies.population.reporting import log_generation
-from shoal.strategies.population.results import population_results
 from shoal.strategies.population.space import Hyperparameters, sample_all
 from shoal.strategies.population.transfer import recv_tree, send_tree
 from shoal.tasks.base import Task
 from shoal.training.batching import steps_per_epoch
+from shoal.training.driver import Run
 from shoal.training.faults import InjectedFault, maybe_inject_fault
+from shoal.training.loop import ModelOfRecord, Plan
 
 
 class PopulationFailed(RuntimeError):
@@ -71,32 +78,23 @@ def member_seed(seed: int, member: int) -> int:
     return int(np.random.SeedSequence([seed, member]).generate_state(1)[0])
 
 
-@contextmanager
-def alone(task: Task) -> Iterator[None]:
-    """Let `task` evaluate a model on this worker alone.
+class PopulationLoop:
+    """The generation loop on one worker: its members, the population's book."""
 
-    `Task.evaluate` is collective: each rank scores its slice and the ranks sum.
-    Here each worker scores its own members, which the other workers do not
-    have, so the task sees a world of one while it does (its collectives then
-    are the identity).
-    """
-    shared = task.ctx
-    task.ctx = replace(shared, rank=0, world_size=1, backend=None, heartbeat=None)
-    try:
-        yield
-    finally:
-        task.ctx = shared
-
-
-class PopulationTrainer:
     def __init__(
-        self, ctx: WorkerContext, task: Task, config: PopulationStrategyConfig, describe: str
+        self,
+        ctx: WorkerContext,
+        task: Task,
+        config: PopulationStrategyConfig,
+        roles: RankRoles,
+        describe: str,
     ) -> None:
-        self.ctx = ctx
-        self.task = task
-        self.config = config
-        self.describe = describe
-        self.train = ctx.config.train
+        self.ctx, self.roles, self.task, self.config = ctx, roles, task, config
+        self.describe, self.train = describe, ctx.config.train
+        # each worker scores its own members, which the others do not have: the task's
+        # evaluation (collective) runs among the ranks of a world of one
+        solo = replace(ctx, rank=0, world_size=1, backend=None, heartbeat=None, group=None)
+        self.alone = task.on(solo)
         self.size = config.population_size
         self.space = config.search_space
         self.metric, self.mode = resolve_metric(config, type(task))
@@ -106,24 +104,15 @@ class PopulationTrainer:
         self.samples = 0
         self.next_generation = 0
         # seconds: training steps and evaluation summed over all members (every worker's);
-        # exchanges (results, exploit copies) and checkpoints as this worker spent them
+        # exchanges (results, exploit copies) and checkpoint gathers as this worker spent them
         self.times = {"compute": 0.0, "evaluation": 0.0, "communication": 0.0, "checkpoint": 0.0}
-        self.last_checkpoint: Path | None = None
         self.plot = PlotFollower(ctx.paths.root / PLOT_FILE, self.metric, self.space)
         self._fault_fired = False
-        self.stopped: dict[str, Any] | None = None  # how a stop request ended the run
 
     # ------------------------------------------------------------ setup
-    def owner(self, member: int) -> int:
-        return member % self.ctx.world_size
-
-    def _build(self) -> None:
+    def setup(self, run: Run) -> Plan:
         ctx, train, config = self.ctx, self.train, self.config
-        if ctx.world_size > self.size:
-            raise ShoalError(
-                f"strategy.population_size: {self.size} members cannot occupy {ctx.world_size} "
-                "workers; start at most population_size workers"
-            )
+        self.run, self.progress = run, run.progress
         if config.split not in self.task.eval_splits():
             raise ShoalError(
                 f"strategy.split: task {ctx.config.task.type} has no split {config.split!r}; "
@@ -146,73 +135,94 @@ class PopulationTrainer:
         self.parents: list[int | None] = [None] * self.size
         self.members: dict[int, Member] = {}
         for m in range(self.size):
-            if self.owner(m) == ctx.rank:
+            if self.roles.owner(m) == ctx.rank:
                 taken = [member.model for member in self.members.values()]
                 seed = member_seed(train.seed, m)
                 self.members[m] = Member(ctx, self.task, m, seed, self.total_steps, taken)
                 self.members[m].set_hyperparameters(self.hyper[m])
-        self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
-        if ctx.resume_from:
-            restore(self, Path(ctx.resume_from))
-
-    # ------------------------------------------------------------ the loop
-    def fit(self) -> dict[str, Any]:
-        started = time.perf_counter()
-        self._build()
-        ctx = self.ctx
-        self.metrics = MetricsLog(ctx.paths.metrics, enabled=ctx.is_main)
-        self.reporter = ProgressReporter(
-            ctx.config.monitor.progress, ctx.is_main, self.total_steps, None
-        )
-        ctx.log.info(
-            "population-based training with %s: %d members (%s here), %d generations of %d "
-            "steps, %d steps per member",
-            self.describe,
-            self.size,
-            ", ".join(map(str, self.members)),
-            self.generations,
-            self.config.ready_interval,
-            self.total_steps,
-        )
-        if ctx.resume_from:  # lines of later generations before this one are of the lost attempt
-            self.metrics.write(
-                {
-                    "event": "resume",
-                    "generation": self.next_generation,
-                    "step": self.history[-1].end if self.history else 0,
-                    "checkpoint": ctx.resume_from,
-                }
-            )
-        self.reporter.start(self.next_generation * self.config.ready_interval)
-        try:
-            every = self.config.checkpoint_every
-            for g in range(self.next_generation, self.generations):
-                self._generation(g)
-                last = g + 1 == self.generations
-                signum = STOP.agree(ctx)  # at the generation boundary, alike on every worker
-                if (
-                    signum
-                    or (every and (g + 1) % every == 0)
-                    or (last and ctx.config.checkpoint.at_end)
-                ):
-                    save(self)
-                if signum:
-                    self._stop(signum)
-                    break
-        finally:
-            self.reporter.close()
-            self.metrics.close()
-        return population_results(self, time.perf_counter() - started)
-
-    def _stop(self, signum: int) -> None:
-        step = self.history[-1].end
-        checkpoint = str(self.last_checkpoint) if self.last_checkpoint else None
-        self.stopped = stop_record(signum, step, checkpoint)
-        self.metrics.write({"event": "stopped", "generation": self.next_generation, **self.stopped})
-        self.ctx.log.info(
-            "stopped by %s after generation %d", self.stopped["signal"], self.next_generation
+        seed_everything(train.seed)  # the testing model: its weights come from a member
+        tested = self.task.build_model().to(ctx.device)
+        self.record = BestMember(ctx, self.roles, tested, self.members)
+        return Plan(
+            unit="generation",
+            total=self.total_steps,
+            line=(
+                f"population-based training with {self.describe}: {self.size} members "
+                f"({', '.join(map(str, self.members))} here), {self.generations} generations "
+                f"of {config.ready_interval} steps, {self.total_steps} steps per member"
+            ),
+            eval_every=1,
+            steps_per_unit=config.ready_interval,
+            checkpoint_every=config.checkpoint_every,
+            validation=self._validation,
+            selection=(config.split, self.metric, self.mode),
         )
 
+    def state_parts(self) -> dict[str, StatePart]:
+        """The book first: the members take their hyperparameters from it. Each member
+        carries its own generators, so a resume on another number of workers draws as an
+        uninterrupted run does: the workers' own generators need no reseeding."""
+        return {"population": Book(self), "members": Members(self), "rng": RankRngs(self.ctx)}
+
+    def file_parts(self) -> list[FilePart]:
+        return []
+
+    def after_restore(self) -> None:
+        """Lines of later generations before this one are of the lost attempt: say where
+        this one resumed."""
+        self.progress.global_step = self.history[-1].end if self.history else 0
+        self.run.metrics.write(
+            {
+                "event": "resume",
+                "generation": self.next_generation,
+                "step": self.progress.global_step,
+                "checkpoint": self.ctx.resume_from,
+            }
+        )
+
+    def model_of_record(self) -> ModelOfRecord:
+        return self.record
+
+    def observe_metric(self, value: float, direction: str) -> None:
+        """Nothing follows it: a plateau schedule is refused for populations."""
+
+    def _validation(self) -> dict[str, dict[str, float]]:
+        """The best member's figures of the latest generation, measured by its worker."""
+        generation = self.history[-1]
+        self.record.current = best_member(generation, self.mode)
+        return {self.config.split: dict(generation.members[self.record.current].metrics)}
+
+    # ------------------------------------------------------------ the units
+    def start(self) -> None:
+        """Nothing before the first generation: each member trains in its own learner."""
+
+    def done(self) -> bool:
+        return self.next_generation >= self.generations
+
+    def run_unit(self) -> bool:
+        self._generation(self.next_generation)
+        self.progress.global_step = self.history[-1].end
+        if self.ctx.is_main:
+            self.plot.follow(self.history)
+        return False
+
+    def next_epoch(self) -> None:
+        """Each member keeps its own data position."""
+
+    def agree_stop(self) -> int:
+        """At the generation boundary, alike on every worker."""
+        return STOP.agree(self.ctx)
+
+    def flush(self) -> None:
+        """Every generation is recorded as it ends; a run in which no validation selected a
+        best member tests the latest best one."""
+        if self.history:
+            self.record.take_latest()
+
+    def close(self) -> None:
+        """Nothing to release: the members' models go with the process."""
+
+    # ------------------------------------------------------------ a generation
     def _generation(self, g: int) -> None:
         start = g * self.config.ready_interval
         steps = min(self.config.ready_interval, self.total_steps - start)
@@ -248,6 +258,9 @@ class PopulationTrainer:
             self.samples += stats.samples
             self.failures += stats.error is not None
         log_generation(self, generation, everyone)
+        best = generation.members[best_member(generation, self.mode)]
+        self.run.last_train.clear()
+        self.run.last_train["loss"] = best.train_loss
         if g + 1 < self.generations:
             self._evolve(g, scores, start + steps)
         self.next_generation = g + 1
@@ -264,8 +277,7 @@ class PopulationTrainer:
 
     def _evaluate(self, member: Member) -> tuple[dict[str, float], float]:
         started = time.perf_counter()
-        with alone(self.task):
-            metrics = self.task.evaluate(member.model, self.config.split)
+        metrics = self.alone.evaluate(member.model, self.config.split)
         if self.metric not in metrics:
             raise ShoalError(
                 f"strategy.metric: {self.metric!r} is not measured by task "
@@ -311,7 +323,7 @@ class PopulationTrainer:
                 self.config.explore,
                 stream(seed, EXPLORE_STREAM, g, c.loser),
             )
-            self.metrics.write(
+            self.run.metrics.write(
                 {
                     "event": "exploit",
                     "generation": g,
@@ -342,10 +354,10 @@ class PopulationTrainer:
         snapshots = {
             c.winner: copy.deepcopy(self.members[c.winner].exploit_state())
             for c in copies
-            if self.owner(c.winner) == rank
+            if self.roles.owner(c.winner) == rank
         }
         for c in copies:
-            src, dst = self.owner(c.winner), self.owner(c.loser)
+            src, dst = self.roles.owner(c.winner), self.roles.owner(c.loser)
             what = f"member {c.winner}'s state for member {c.loser}"
             if src == rank and dst == rank:
                 self.members[c.loser].load_exploit_state(copy.deepcopy(snapshots[c.winner]))
@@ -353,6 +365,49 @@ class PopulationTrainer:
                 send_tree(self.ctx, snapshots[c.winner], dst, what)
             elif dst == rank:
                 self.members[c.loser].load_exploit_state(recv_tree(self.ctx, src, what))
+
+    # ------------------------------------------------------------ results
+    def section(self) -> dict[str, Any]:
+        """The population's results.json fields: the final population's best member, its
+        schedule, every member; rank 0 draws the plot."""
+        history = self.history
+        if not history:
+            return {"population_size": self.size, "generations": 0}
+        last = history[-1]
+        best = best_member(last, self.mode)
+        record = last.members[best]
+        samples = self.samples
+        if self.ctx.is_main:
+            self.plot.write(history)
+        return {
+            "population_size": self.size,
+            "generations": len(history),
+            "steps": last.end,
+            "samples": samples,
+            "samples_per_s": samples / self.times["compute"] if self.times["compute"] else 0.0,
+            "time_s": dict(self.times),
+            "metric": self.metric,
+            "mode": self.mode,
+            "best": {
+                "member": best,
+                "score": record.score,
+                "hyperparameters": record.hyperparameters,
+                "schedule": schedule(history, best),
+            },
+            "population": [
+                {
+                    "member": m,
+                    "score": r.score,
+                    "hyperparameters": r.hyperparameters,
+                    "parent": r.parent,
+                    "status": "failed" if r.error else "ok",
+                }
+                for m, r in enumerate(last.members)
+            ],
+            "failures": self.failures,
+            "replaced": self.replaced,
+            "plot": str(self.plot.path),
+        }
 
 
 def resolve_metric(config: PopulationStrategyConfig, task_class: type[Task]) -> tuple[str, str]:

@@ -8,13 +8,15 @@ from torch import nn
 
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError
+from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
 from shoal.strategies.population.config import PopulationStrategyConfig
 from shoal.strategies.population.hyperparams import check_search_space
-from shoal.strategies.population.loop import PopulationTrainer, resolve_metric
+from shoal.strategies.population.loop import PopulationLoop, resolve_metric
 from shoal.tasks.base import Task
 from shoal.tasks.registry import task_class as _task_class
 from shoal.training.contracts import GradientSync, LocalGradientSync
+from shoal.training.driver import Driver
 
 
 class PopulationStrategy(Strategy):
@@ -23,7 +25,7 @@ class PopulationStrategy(Strategy):
     Each member is trained by one worker on whole batches (a local gradient
     sync); `population_size` may exceed the workers, which then train their
     members in turn. With one worker the population trains in the calling
-    process. The generation loop is :class:`PopulationTrainer`.
+    process. The generation loop is :class:`PopulationLoop`, run by the one driver.
     """
 
     config_class: ClassVar[type[PopulationStrategyConfig]] = PopulationStrategyConfig
@@ -69,5 +71,12 @@ class PopulationStrategy(Strategy):
             f"({c.exploit.method}, {c.explore.method})"
         )
 
+    def make_roles(self) -> RankRoles:
+        """Member m lives on worker m mod workers; every worker holds one at least."""
+        size = self.config.population_size
+        field = "strategy.population_size"
+        return RankRoles.hosting(self.ctx.world_size, "member", size, items_field=field)
+
     def run(self, task: Task) -> dict[str, Any]:
-        return PopulationTrainer(self.ctx, task, self.config, self.describe()).fit()
+        loop = PopulationLoop(self.ctx, task, self.config, self.roles, self.describe())
+        return Driver(self.ctx, task, loop, self.describe()).run()

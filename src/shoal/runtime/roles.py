@@ -1,0 +1,108 @@
+"""Which rank does what: one object per job, computed once, validated once, logged once.
+
+After PyTorch-BigGraph's `ProcessRanks` and torchtitan's `ParallelDims`. A
+strategy computes its :class:`RankRoles` from its config (`Strategy.roles`);
+`launch/job.py` validates it against the job's world size and rank 0 logs it
+in one line. Every placement question is answered here: which ranks train
+(`workers`), which serve (`servers`, server s on `servers[s]`), which rank
+hosts which federated client or population member (`owner`, `hosted_by`).
+
+Issue 12 extends it with mesh dimensions over the workers (data x pipeline x
+tensor): `dims` names each dimension's size, their product is the number of
+workers, and the groups of a dimension are derived here, once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from shoal.errors import ShoalError
+
+
+@dataclass(frozen=True)
+class RankRoles:
+    world_size: int
+    workers: tuple[int, ...]
+    servers: tuple[int, ...] = ()
+    #: what `items` counts ("client", "member"); items are dealt round-robin to the workers
+    item: str = ""
+    items: int = 0
+    #: the config field that sets `items` when every worker must host one at least (a
+    #: population's members time-share the workers); "" when a worker may host none
+    items_field: str = ""
+    #: sizes of the workers' mesh dimensions, e.g. {"data": 4}; their product is len(workers)
+    dims: dict[str, int] = field(default_factory=dict)
+
+    # ------------------------------------------------------------ constructors
+    @classmethod
+    def replicas(cls, world_size: int) -> RankRoles:
+        """Every rank trains (local, data_parallel)."""
+        return cls(world_size, tuple(range(world_size)), dims={"data": world_size})
+
+    @classmethod
+    def hosting(cls, world_size: int, item: str, items: int, items_field: str = "") -> RankRoles:
+        """Every rank trains and hosts items m with m mod world_size == rank."""
+        workers = tuple(range(world_size))
+        return cls(world_size, workers, item=item, items=items, items_field=items_field)
+
+    @classmethod
+    def parameter_server(cls, workers: int, servers: list[int], dedicated: bool) -> RankRoles:
+        """Ranks 0..W-1 train; server s runs on `servers[s]` (dedicated: ranks W..W+S-1;
+        colocated: worker ranks, dealt over the hosts by the strategy's placement)."""
+        world = workers + (len(servers) if dedicated else 0)
+        return cls(world, tuple(range(workers)), tuple(servers), dims={"data": workers})
+
+    # ------------------------------------------------------------ questions
+    def is_worker(self, rank: int) -> bool:
+        return rank in self.workers
+
+    def server_of(self, rank: int) -> int | None:
+        """The server rank `rank` runs (None: none)."""
+        return self.servers.index(rank) if rank in self.servers else None
+
+    def owner(self, item: int) -> int:
+        """The worker rank that hosts item `item` (a client, a member)."""
+        return self.workers[item % len(self.workers)]
+
+    def hosted_by(self, rank: int) -> list[int]:
+        return [m for m in range(self.items) if self.owner(m) == rank]
+
+    # ------------------------------------------------------------ once per job
+    def validate(self, world_size: int, where: str) -> None:
+        """The job's processes are the ones these roles need; each has a role."""
+        if world_size != self.world_size:
+            raise ShoalError(
+                f"{where}: the roles need {self.world_size} processes ({self.describe()}), "
+                f"this job has {world_size}"
+            )
+        if self.items_field and self.items < len(self.workers):
+            raise ShoalError(
+                f"{self.items_field}: {self.items} {self.item}s cannot occupy "
+                f"{len(self.workers)} workers; start at most {self.items} workers"
+            )
+        product = 1
+        for size in self.dims.values():
+            product *= size
+        if self.dims and product != len(self.workers):
+            raise ShoalError(
+                f"{where}: mesh {self.dims} has {product} ranks, the job has "
+                f"{len(self.workers)} workers"
+            )
+
+    def describe(self) -> str:
+        """One line for rank 0's log."""
+        parts = [f"{self.world_size} ranks", f"workers {_ranks(self.workers)}"]
+        if self.servers:
+            parts.append(f"servers {_ranks(self.servers)}")
+        if self.items:
+            hosts = "; ".join(f"rank {r}: {_ranks(tuple(self.hosted_by(r)))}" for r in self.workers)
+            parts.append(f"{self.item}s by rank: {hosts}")
+        if self.dims and len(self.dims) > 1:
+            parts.append("mesh " + " x ".join(f"{k} {v}" for k, v in self.dims.items()))
+        return ", ".join(parts)
+
+
+def _ranks(ranks: tuple[int, ...]) -> str:
+    if ranks and ranks == tuple(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ",".join(map(str, ranks)) or "none"

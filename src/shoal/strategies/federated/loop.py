@@ -1,0 +1,392 @@
+"""The federated round loop: select, train locally, agree on who reported, aggregate, update.
+
+Every worker holds the global model x. A round:
+
+1. every worker computes the selected clients (a function of seed and round);
+2. each worker runs its selected hosted clients in turn (client c lives on worker
+   c mod workers); a client that raises or passes `round_timeout_s` is dropped;
+3. one small all-reduce of report flags and round statistics: every worker now
+   knows who reported; fewer than `min_clients` ends the run with a clear error;
+4. one all-reduce of [sum_i w_i * Delta_i, sum_i w_i] over the reporting clients
+   (in the clear, or pairwise-masked in fixed point under secure aggregation);
+   w_i = n_i (samples), or 1 under differential privacy;
+5. every worker applies the same server step to x (FedAvg, FedProx, FedOpt).
+
+Only model updates, report flags, round statistics and public keys cross the
+process group (see `wire.py`); a client's samples are read only by its worker.
+With one worker the loop runs in the calling process and nothing crosses at all.
+The unit of this loop is a round (`training/loop.py`): the driver evaluates the
+global model every `eval_every_rounds` rounds, keeps the best one (`best/`),
+tests it and exports the task's artifacts from it, and checkpoints count rounds
+(`[checkpoint] every_steps`). Checkpoints are taken at round boundaries (parts:
+the global model, the server optimizer, the client totals); since every random
+draw of a round is seeded by (train.seed, round, client), a resumed run repeats
+the rounds exactly.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from typing import Any
+
+import torch
+
+from shoal.checkpoint.parts import Custom, FilePart, StatePart
+from shoal.errors import JobFailed, ShoalError
+from shoal.runtime.context import WorkerContext
+from shoal.runtime.rng import seed_everything
+from shoal.runtime.roles import RankRoles
+from shoal.runtime.stop import STOP
+from shoal.strategies.federated import privacy, secure
+from shoal.strategies.federated.aggregation import AGGREGATIONS, FedAvg
+from shoal.strategies.federated.client import ClientDropped, ClientReport, ClientRunner
+from shoal.strategies.federated.config import FederatedStrategyConfig
+from shoal.strategies.federated.partition import client_shards
+from shoal.strategies.federated.selection import select_clients
+from shoal.strategies.federated.vector import ModelVector
+from shoal.strategies.federated.wire import Wire
+from shoal.tasks.base import Task
+from shoal.training.driver import Run
+from shoal.training.faults import maybe_inject_fault
+from shoal.training.loop import ModelOfRecord, Plan
+from shoal.training.optim import build_optimizer
+from shoal.training.steps import LocalModel
+
+OK, FAILED, TIMED_OUT = 1, 2, 3
+STATUS_NAMES = {FAILED: "failed", TIMED_OUT: "timed_out"}
+
+
+class RoundFailed(JobFailed):
+    """Fewer than `min_clients` clients reported in a round."""
+
+
+class FederatedLoop:
+    """The round loop on one worker: its hosted clients, the global model, the server step."""
+
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        task: Task,
+        config: FederatedStrategyConfig,
+        roles: RankRoles,
+        detail: str,
+    ) -> None:
+        self.ctx, self.task, self.config, self.roles, self.detail = ctx, task, config, roles, detail
+
+    # ---------------------------------------------------------------- setup
+    def setup(self, run: Run) -> Plan:
+        ctx, cfg, task, train = self.ctx, self.config, self.task, self.ctx.config.train
+        self.run, self.progress = run, run.progress
+        seed_everything(train.seed)  # the same initial global model on every worker
+        self.model = task.build_model().to(ctx.device)
+        self.vector = ModelVector(self.model)
+        self.x = self.vector.read()
+        self.hosted = self.roles.hosted_by(ctx.rank)
+        self.shards = client_shards(cfg.partition, task, cfg.num_clients, self.hosted)
+        self.aggregation: FedAvg = AGGREGATIONS.get(cfg.aggregation.method)(
+            cfg.aggregation, self.vector.size
+        )
+        self.runner = ClientRunner(task, self.vector, self.model, self.aggregation, train, cfg)
+        self.wire = Wire(ctx, cfg.audit_wire)
+        self.sum_names = self._probe_sums()
+        # the first optimizer built in a process imports torch's compile machinery (about a
+        # second): pay that now, not inside the first round's deadline
+        build_optimizer(self.model.parameters(), train.optimizer)
+        self.seeds: dict[int, dict[int, bytes]] = {}
+        if cfg.privacy.secure_aggregation:
+            self.seeds = self._agree_on_pair_seeds()
+        self.totals = {"client_updates": 0, "dropped": 0}
+        self.record = LocalModel(ctx, self.model)
+        return Plan(
+            unit="round",
+            total=cfg.rounds,
+            eval_every=cfg.eval_every_rounds or None,
+            line=(
+                f"training {ctx.config.task.type} with {self.detail}: {cfg.rounds} rounds, "
+                f"clients {self.hosted} hosted here "
+                f"({[len(self.shards[c]) for c in self.hosted]} samples), "
+                f"{self.vector.size} values per update"
+            ),
+        )
+
+    def _probe_sums(self) -> list[str]:
+        """The names of the task's additive statistics (e.g. accuracy), the same on every worker."""
+        with torch.no_grad():
+            out = self.task.loss(self.model, self.task.train_batch(torch.tensor([0])))
+        return sorted(out.sums)
+
+    def _agree_on_pair_seeds(self) -> dict[int, dict[int, bytes]]:
+        """Diffie-Hellman: hosted clients publish public keys; each pair derives its own seed."""
+        n = self.config.num_clients
+        keys = {c: secure.KeyPair() for c in self.hosted}
+        table = torch.zeros(n, secure.KEY_BYTES, dtype=torch.uint8)
+        for client, pair in keys.items():
+            table[client] = torch.frombuffer(bytearray(pair.public_bytes()), dtype=torch.uint8)
+        gathered = self.wire.all_gather(table, "public_keys")
+        public = {c: bytes(gathered[c % len(gathered)][c].numpy().tobytes()) for c in range(n)}
+        return {
+            c: {peer: pair.shared_seed(public[peer]) for peer in range(n) if peer != c}
+            for c, pair in keys.items()
+        }
+
+    # ---------------------------------------------------------------- state
+    def state_parts(self) -> dict[str, StatePart]:
+        """The global model (x follows it on load), the server optimizer, the client totals."""
+        return {
+            "model": Custom(self.model.state_dict, self._load_model),
+            "server": self.aggregation,
+            "federated": Custom(lambda: dict(self.totals), self.totals.update),
+        }
+
+    def _load_model(self, state: dict[str, torch.Tensor]) -> None:
+        self.model.load_state_dict(state)
+        self.x = self.vector.read()
+
+    def file_parts(self) -> list[FilePart]:
+        return []
+
+    def after_restore(self) -> None:
+        """Nothing to set: every draw of a round is seeded by (seed, round, client)."""
+
+    def model_of_record(self) -> ModelOfRecord:
+        return self.record
+
+    def observe_metric(self, value: float, direction: str) -> None:
+        """Nothing follows it: each round's clients build fresh learners."""
+
+    # ---------------------------------------------------------------- the units
+    def start(self) -> None:
+        """Nothing before the first round: the clients train in their own learners."""
+
+    def done(self) -> bool:
+        return self.progress.global_step >= self.config.rounds
+
+    def run_unit(self) -> bool:
+        rnd = self.progress.global_step
+        maybe_inject_fault(self.ctx, rnd)
+        self._round(rnd)
+        self.progress.global_step = rnd + 1
+        self.run.reporter.update(rnd + 1, 0)
+        return False
+
+    def next_epoch(self) -> None:
+        """Rounds have no epochs of the data."""
+
+    def agree_stop(self) -> int:
+        """At the round boundary, alike on every worker (counted and audited by the wire)."""
+        return STOP.agree(self.ctx, lambda t: self.wire.all_reduce_sum(t, "stop_request"))
+
+    def flush(self) -> None:
+        """Every round is recorded as it ends."""
+
+    def section(self) -> dict[str, Any]:
+        return {
+            "rounds": self.progress.global_step,
+            "num_clients": self.config.num_clients,
+            "client_updates": self.totals["client_updates"],
+            "dropped_clients": self.totals["dropped"],
+        }
+
+    def close(self) -> None:
+        if self.config.audit_wire and hasattr(self, "wire"):
+            self.wire.save(self.ctx.paths.logs / f"wire-rank-{self.ctx.rank}.pt")
+
+    # ---------------------------------------------------------------- a round
+    def _round(self, rnd: int) -> None:
+        ctx, cfg = self.ctx, self.config
+        started = time.perf_counter()
+        selected = select_clients(cfg, ctx.config.train.seed, rnd)
+        deadline = time.monotonic() + cfg.round_timeout_s if cfg.round_timeout_s else None
+        faults = {f.client: f for f in cfg.inject if f.round == rnd}
+        status = torch.zeros(cfg.num_clients, dtype=torch.float64)
+        reports: dict[int, ClientReport] = {}
+        for client in (c for c in selected if c in self.shards):
+            try:
+                reports[client] = self.runner.run(
+                    client, self.shards[client], rnd, self.x, deadline, faults.get(client)
+                )
+                status[client] = OK
+            except ClientDropped as exc:
+                status[client] = TIMED_OUT
+                ctx.log.warning("round %d: client %d dropped (timed out): %s", rnd, client, exc)
+            except Exception as exc:
+                status[client] = FAILED
+                ctx.log.warning(
+                    "round %d: client %d dropped (failed): %s: %s",
+                    rnd,
+                    client,
+                    type(exc).__name__,
+                    exc,
+                )
+                ctx.log.info("client %d's error:\n%s", client, traceback.format_exc())
+            if ctx.heartbeat is not None:
+                ctx.heartbeat.beat(self.progress.global_step)
+
+        # 3. who reported, and the round's statistics (sums over this worker's reporters)
+        contributions = self._contributions(reports)
+        stats = [
+            sum(r.loss_sum for r in reports.values()),
+            sum(r.trained for r in reports.values()),
+            *(sum(r.sums.get(n, 0.0) for r in reports.values()) for n in self.sum_names),
+            sum(
+                float(torch.linalg.vector_norm(r.update))
+                for r in reports.values()
+                if r.update is not None
+            ),
+            sum(clipped for _, clipped in contributions.values()),
+            sum(secure.fixed_point_magnitude(v) for v, _ in contributions.values()),
+        ]
+        shared = torch.cat([status, torch.tensor(stats, dtype=torch.float64)])
+        self.wire.all_reduce_sum(shared, "round_status")
+        status = shared[: cfg.num_clients].round().long()
+        reported = [c for c in selected if status[c] == OK]
+        dropped = {
+            name: [c for c in selected if status[c] == code] for code, name in STATUS_NAMES.items()
+        }
+        if len(reported) < cfg.min_clients:
+            raise RoundFailed(self._too_few(rnd, selected, reported, dropped))
+
+        # 4. the aggregate of the reporters' weighted updates
+        total = self._aggregate(rnd, contributions, reported, float(shared[-1]))
+        weight = float(total[-1])
+        delta = (total[:-1] / weight).float()
+
+        # 5. the server step, the same on every worker
+        self.aggregation.server_step(self.x, delta)
+        self.vector.write(self.x)
+        self._log_round(rnd, started, selected, reported, dropped, shared, delta)
+
+    def _contributions(
+        self, reports: dict[int, ClientReport]
+    ) -> dict[int, tuple[torch.Tensor, bool]]:
+        """Each reporter's [w_i * Delta_i, w_i] in float64, and whether DP clipped it.
+
+        Under differential privacy the noise share depends on how many clients
+        reported, so it is added later, in `_aggregate`.
+        """
+        dp = self.config.privacy.differential
+        out = {}
+        for client, report in reports.items():
+            assert report.update is not None
+            update = report.update.double()
+            clipped = False
+            if dp is not None:
+                update, clipped = privacy.clip_update(update, dp.clip_norm)
+                weight = 1.0
+            else:
+                weight = float(report.samples)
+            out[client] = (torch.cat([update * weight, torch.tensor([weight])]), clipped)
+        return out
+
+    def _aggregate(
+        self,
+        rnd: int,
+        contributions: dict[int, tuple[torch.Tensor, bool]],
+        reported: list[int],
+        magnitude: float,
+    ) -> torch.Tensor:
+        """sum over reporters of [w_i * Delta_i (+ noise), w_i], in the clear or masked."""
+        cfg = self.config
+        dp = cfg.privacy.differential
+        size = self.vector.size + 1
+        vectors = {}
+        for client, (vector, _) in contributions.items():
+            if dp is not None and dp.noise_multiplier > 0:
+                noise = privacy.noise_share(
+                    size - 1, dp.noise_multiplier, dp.clip_norm, len(reported)
+                )
+                vector = vector + torch.cat([noise, torch.zeros(1, dtype=torch.float64)])
+            vectors[client] = vector
+        if not cfg.privacy.secure_aggregation:
+            local = torch.zeros(size, dtype=torch.float64)
+            for vector in vectors.values():
+                local += vector
+            wire = local.float()
+            self.wire.all_reduce_sum(wire, "model_update")
+            return wire.double()
+        if dp is not None:  # the noise's sum has std sigma * C: allow 10 of those on top
+            magnitude += 10 * dp.noise_multiplier * dp.clip_norm * (1 << secure.FRACTION_BITS)
+        if magnitude >= secure.RANGE_LIMIT:
+            scale = float(1 << secure.FRACTION_BITS)
+            raise ShoalError(
+                f"round {rnd}: secure aggregation: the sum of the clients' weighted updates may "
+                f"reach {magnitude / scale:.3g}, beyond the fixed-point range "
+                f"(+-{secure.RANGE_LIMIT / scale:.3g}); lower train.optimizer.lr or bound the "
+                "updates with strategy.privacy.differential.clip_norm"
+            )
+        local = torch.zeros(size, dtype=torch.int64)
+        for client, vector in vectors.items():
+            local += secure.mask(client, secure.encode(vector), self.seeds[client], reported, rnd)
+        self.wire.all_reduce_sum(local, "masked_model_update")
+        return secure.decode(local)
+
+    def _too_few(
+        self, rnd: int, selected: list[int], reported: list[int], dropped: dict[str, list[int]]
+    ) -> str:
+        why = "; ".join(f"{name}: clients {ids}" for name, ids in dropped.items() if ids)
+        why = why or "none dropped"
+        return (
+            f"round {rnd}: only {len(reported)} of {len(selected)} selected clients reported, "
+            f"fewer than strategy.min_clients = {self.config.min_clients} ({why}); "
+            "see the workers' logs for each client's error"
+        )
+
+    # ---------------------------------------------------------------- reporting
+    def _log_round(
+        self,
+        rnd: int,
+        started: float,
+        selected: list[int],
+        reported: list[int],
+        dropped: dict[str, list[int]],
+        shared: torch.Tensor,
+        delta: torch.Tensor,
+    ) -> None:
+        cfg = self.config
+        n = cfg.num_clients
+        stats = shared[n:].tolist()
+        loss_sum, trained = stats[0], max(stats[1], 1.0)
+        sums = dict(zip(self.sum_names, stats[2 : 2 + len(self.sum_names)], strict=True))
+        norm_sum, clipped = stats[2 + len(self.sum_names)], stats[3 + len(self.sum_names)]
+        model_bytes = self.vector.size * 4
+        record: dict[str, Any] = {
+            "event": "round",
+            "round": rnd + 1,
+            "step": rnd + 1,
+            "selected": len(selected),
+            "participants": len(reported),
+            "clients": reported,
+            "dropped": sum(len(v) for v in dropped.values()),
+            **{f"dropped_{name}": ids for name, ids in dropped.items()},
+            "loss": loss_sum / trained,
+            **{f"train_{name}": value / trained for name, value in sums.items()},
+            "update_norm": float(torch.linalg.vector_norm(delta)),
+            "client_bytes_down": len(selected) * model_bytes,
+            "client_bytes_up": len(reported) * (model_bytes + 4),
+            "wire_bytes_sent_per_worker": self.wire.sent_bytes,
+            "wire_bytes_received_per_worker": self.wire.received_bytes,
+            "round_s": time.perf_counter() - started,
+        }
+        if not cfg.privacy.secure_aggregation:
+            record["client_update_norm_mean"] = norm_sum / max(len(reported), 1)
+        dp = cfg.privacy.differential
+        if dp is not None:
+            record["dp_noise_multiplier"] = dp.noise_multiplier
+            record["dp_clip_norm"] = dp.clip_norm
+            record["dp_clipped"] = int(clipped)
+            record["dp_noise_std"] = dp.noise_multiplier * dp.clip_norm / len(reported)
+        self.totals["client_updates"] += len(reported)
+        self.totals["dropped"] += record["dropped"]
+        last = self.run.last_train
+        last.clear()
+        last.update({"loss": record["loss"], **{k: record[f"train_{k}"] for k in sums}})
+        self.run.metrics.write(record)
+        drops = f", {record['dropped']} dropped" if record["dropped"] else ""
+        self.run.reporter.note(
+            f"round {rnd + 1}/{cfg.rounds}: {len(reported)}/{len(selected)} clients{drops}, "
+            f"loss {record['loss']:.4f}, update norm {record['update_norm']:.4f}, "
+            f"{record['round_s']:.2f} s"
+        )
+        if record["dropped"]:
+            self.ctx.log.info("round %d: dropped %s", rnd, dropped)

@@ -1,0 +1,318 @@
+"""The driver: runs any :class:`~shoal.training.loop.UnitLoop` and owns everything around it.
+
+See `loop.py` for the protocol and the order of things after each unit. The
+driver keeps the run's :class:`~shoal.training.state.TrainProgress` (the
+loop's position in `global_step`, model selection, totals; saved as the
+checkpoint part `progress`), writes metrics.jsonl and results.json, shows
+progress, beats the heartbeat, answers stop requests, evaluates, keeps the
+best model and checkpoints.
+
+A stop request (SIGTERM, SIGINT; `runtime/stop.py`) ends the loop at a unit
+boundary every rank agreed on: the driver writes a checkpoint there, skips the
+remaining evaluation and testing, and reports `"status": "stopped"`.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from shoal.checkpoint.atomic import atomic_write_json
+from shoal.checkpoint.manager import CheckpointManager
+from shoal.checkpoint.parts import FilePart, Fixed, RankRngs, StatePart, TaskFiles, load_parts
+from shoal.checkpoint.resume import Resume, open_resume
+from shoal.config import dump_config
+from shoal.monitor.metrics import MetricsLog
+from shoal.monitor.progress import ProgressReporter
+from shoal.runtime.context import WorkerContext
+from shoal.runtime.stop import STOP, stop_record
+from shoal.tasks.base import Task
+from shoal.training.evaluation import evaluate_splits
+from shoal.training.loop import Plan, UnitLoop
+from shoal.training.selection import Selection
+from shoal.training.state import TrainProgress
+
+
+@dataclass
+class Run:
+    """What a loop may use of the driver's: the worker, the task, progress and records."""
+
+    ctx: WorkerContext
+    task: Task
+    progress: TrainProgress
+    metrics: MetricsLog
+    reporter: ProgressReporter
+    last_train: dict[str, float]  # the latest training figures, for results.json
+    resume: Resume | None = None  # while the parts load: the checkpoint being resumed
+
+
+class Driver:
+    def __init__(self, ctx: WorkerContext, task: Task, loop: UnitLoop, detail: str) -> None:
+        self.ctx, self.task, self.loop, self.detail = ctx, task, loop, detail
+        self.progress = TrainProgress()
+        self.last_eval: dict[str, dict[str, float]] = {}
+        self.last_checkpoint: Path | None = None
+        self.stopped: dict[str, Any] | None = None
+        self._saved_step = -1
+        self._evaluated_step = -1
+
+    # ---------------------------------------------------------------- the run
+    def run(self) -> dict[str, Any]:
+        started = time.perf_counter()
+        ctx = self.ctx
+        self.metrics = MetricsLog(ctx.paths.metrics, enabled=ctx.is_main)
+        self.reporter = ProgressReporter(ctx.config.monitor.progress, ctx.is_main, 0, None)
+        self.run_info = Run(ctx, self.task, self.progress, self.metrics, self.reporter, {})
+        try:
+            self.plan = self.loop.setup(self.run_info)
+            self.reporter.total_steps, self.reporter.total_epochs = plan_totals(self.plan)
+            self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
+            self.selection = Selection(
+                ctx,
+                self.task,
+                self.progress,
+                self.loop.model_of_record(),
+                self._save_best,
+                self.plan.selection,
+            )
+            if ctx.resume_from:
+                self._restore(Path(ctx.resume_from))
+            ctx.log.info("%s", self.plan.line)
+            self._session_start = time.perf_counter()
+            self._time_base = self.progress.train_time_s
+            self.reporter.start(self.progress.global_step)
+            self.loop.start()
+            self._loop()
+            if self.stopped is None:
+                self._test_and_save_artifacts()
+        finally:
+            self.reporter.close()
+            self.metrics.close()
+            self.loop.close()
+        return self._finish(time.perf_counter() - started)
+
+    def _loop(self) -> None:
+        ctx, p, plan = self.ctx, self.progress, self.plan
+        every_units = plan.checkpoint_every
+        if every_units is None:
+            every_units = ctx.config.checkpoint.every_steps
+        every_epochs = ctx.config.checkpoint.every_epochs
+        eval_epochs = ctx.config.train.eval_every_epochs
+        per_unit = plan.steps_per_unit
+        while not (p.stopped_early or self.loop.done()):
+            epoch_ended = self.loop.run_unit()
+            self._sync_time()
+            if ctx.heartbeat is not None:
+                ctx.heartbeat.beat(p.global_step)
+            signum = self.loop.agree_stop()
+            if signum:  # before the epoch's end: a resume then does what this run skips
+                self._stop(signum)
+                return
+            units = p.global_step if per_unit == 1 else -(-p.global_step // per_unit)
+            if plan.eval_every and units % plan.eval_every == 0:
+                self._evaluate()
+            if every_units and units % every_units == 0:
+                self._save()
+            if epoch_ended:
+                self.loop.next_epoch()
+                if eval_epochs and p.epoch % eval_epochs == 0:
+                    self._evaluate()
+                if every_epochs and p.epoch % every_epochs == 0:
+                    self._save()
+        self.loop.flush()
+        signum = STOP.agree(ctx)  # a request that came after the last unit's agreement
+        if signum:
+            self._stop(signum)
+            return
+        if self._evaluated_step != p.global_step:
+            self._evaluate()
+        if ctx.config.checkpoint.at_end and self._saved_step != p.global_step:
+            self._save()
+
+    def _stop(self, signum: int) -> None:
+        """Every rank, at the same unit: record what is pending, write a checkpoint, record it."""
+        p = self.progress
+        self.loop.flush()
+        if self._saved_step != p.global_step:
+            self._save()
+        checkpoint = str(self.last_checkpoint) if self._saved_step == p.global_step else None
+        self.stopped = stop_record(signum, p.global_step, checkpoint)
+        self.metrics.write({"event": "stopped", **self.stopped})
+        unit = self.plan.unit
+        self.reporter.note(f"stopped by {self.stopped['signal']} at {unit} {p.global_step}")
+        self.ctx.log.info("stopped by %s at %s %d", self.stopped["signal"], unit, p.global_step)
+
+    # ---------------------------------------------------------------- evaluation
+    def _evaluate(self) -> None:
+        p = self.progress
+        if self.plan.validation is not None:  # measured by the loop (a population's members)
+            self.last_eval.update(self.plan.validation())
+        else:
+            evaluate_splits(
+                self.task,
+                self.selection.record.model,
+                self.task.eval_splits(),
+                event={"event": "eval", "step": p.global_step, "epoch": p.epoch},
+                label=f"{self.plan.unit} {p.global_step} epoch {p.epoch}",
+                metrics=self.metrics,
+                reporter=self.reporter,
+                log=self.ctx.log,
+                into=self.last_eval,
+            )
+        self._evaluated_step = p.global_step
+        if self.selection.track(self.last_eval):
+            self.reporter.note(self.selection.message)
+            self.ctx.log.info("%s", self.selection.message)
+        self._observe_for_schedule()
+
+    def _observe_for_schedule(self) -> None:
+        """Hand the validation value of the primary metric to the loop's schedule
+        (lr_decay = "plateau" lowers the rate on it)."""
+        split, name, direction = self.selection.criterion
+        value = self.last_eval.get(split, {}).get(name) if split else None
+        if value is not None:
+            self.loop.observe_metric(value, direction)
+
+    def _test_and_save_artifacts(self) -> None:
+        """Put the best model in place, evaluate the test splits with it, save artifacts."""
+        step = self.selection.restore_best()
+        model = self.selection.record.model
+        evaluate_splits(
+            self.task,
+            model,
+            self.task.test_splits(),
+            event={"event": "test", "model_step": step},
+            label=f"model of {self.plan.unit} {step},",
+            metrics=self.metrics,
+            reporter=self.reporter,
+            log=self.ctx.log,
+            into=self.last_eval,
+        )
+        self.task.save_artifacts(model)
+
+    # ---------------------------------------------------------------- checkpoints
+    def _parts(self) -> dict[str, StatePart]:
+        """The loop's parts, then the driver's (a loop may bring its own `rng`)."""
+        parts = {
+            **self.loop.state_parts(),
+            "progress": self.progress,
+            "config": Fixed(dump_config(self.ctx.config)),
+        }
+        parts.setdefault("rng", RankRngs(self.ctx, reseed=lambda: self.progress.global_step))
+        return parts
+
+    def _files(self) -> list[FilePart]:
+        """The task's files (first) and the loop's, written into every checkpoint folder."""
+        return [TaskFiles(self.task.checkpoint_files), *self.loop.file_parts()]
+
+    def _sync_time(self) -> None:
+        self.progress.train_time_s = self._time_base + time.perf_counter() - self._session_start
+
+    def _meta(self) -> dict[str, Any]:
+        p = self.progress
+        return {
+            "epoch": p.epoch,
+            "step_in_epoch": p.step_in_epoch,
+            "unit": self.plan.unit,
+            "train_size": self.task.train_size,
+        }
+
+    def _save(self) -> None:
+        """Collective: a periodic checkpoint (once per position)."""
+        p = self.progress
+        if self._saved_step == p.global_step:
+            return  # e.g. every_steps and every_epochs at the same step
+        self._sync_time()
+        path = self.checkpoints.save(p.global_step, self._parts(), self._meta(), self._files())
+        self._saved_step = p.global_step
+        if path is not None:
+            self.last_checkpoint = path
+            self.metrics.write({"event": "checkpoint", "step": p.global_step, "path": str(path)})
+            self.ctx.log.info("checkpoint written: %s", path)
+
+    def _save_best(self, manager: CheckpointManager) -> Path | None:
+        """Collective: the current state into best/ (the selection calls it on improvement)."""
+        p = self.progress
+        self._sync_time()
+        path = manager.save(p.global_step, self._parts(), self._meta(), self._files())
+        if path is not None:
+            self.metrics.write({"event": "best", "step": p.global_step, "path": str(path)})
+        return path
+
+    def _restore(self, path: Path) -> None:
+        ctx = self.ctx
+        point = open_resume(ctx, path, self.task.train_size)
+        point.check_model(self.selection.record.model, point.state.get("model", {}))
+        optional = (*self.plan.optional_parts, "config")
+        self.run_info.resume = point
+        load_parts(point.state, self._parts(), path, optional)
+        self.run_info.resume = None
+        self._saved_step = self.progress.global_step
+        self.last_checkpoint = path
+        self.loop.after_restore()
+        if ctx.heartbeat is not None:  # failure messages name the resumed position, not -1
+            ctx.heartbeat.beat(self.progress.global_step, now=True)
+        ctx.log.info(
+            "resumed from %s at %s %d (epoch %d)",
+            path,
+            self.plan.unit,
+            point.meta["step"],
+            point.meta.get("epoch", 0),
+        )
+
+    # ---------------------------------------------------------------- results
+    def _finish(self, wall_s: float) -> dict[str, Any]:
+        results = self._results(wall_s)
+        if self.ctx.is_main:
+            atomic_write_json(self.ctx.paths.results, finite(results))
+        return results
+
+    def _results(self, wall_s: float) -> dict[str, Any]:
+        ctx, p = self.ctx, self.progress
+        self._sync_time()
+        results: dict[str, Any] = {
+            "status": "stopped" if self.stopped else "completed",
+            "run_dir": str(ctx.paths.root),
+            "task": ctx.config.task.type,
+            "strategy": ctx.config.strategy.type,
+            "strategy_detail": self.detail,
+            "world_size": ctx.world_size,
+            "unit": self.plan.unit,
+            "steps": p.global_step,
+            "wall_time_s": wall_s,
+            "train_time_s": p.train_time_s,
+            "session_train_time_s": time.perf_counter() - self._session_start,
+            **self.loop.section(),
+            "train": self.run_info.last_train,
+            **self.last_eval,
+            "checkpoint": str(self.last_checkpoint) if self.last_checkpoint else None,
+        }
+        best = self.selection.summary()
+        if best is not None:  # the loop's own account of its best (a population's member) too
+            results["best"] = {**best, **results.get("best", {})}
+        results["stopped_early"] = p.stopped_early
+        if self.stopped:
+            results["stop"] = self.stopped
+        summary = self.task.summary()
+        if summary:
+            results["data"] = summary
+        return results
+
+
+def finite(value: Any) -> Any:
+    """JSON has no NaN: a non-finite figure (a failed member's score) is written as null."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [finite(v) for v in value]
+    return value
+
+
+def plan_totals(plan: Plan) -> tuple[int, int | None]:
+    """The progress display's end: positions, and epochs where positions are steps."""
+    return plan.total, plan.epochs

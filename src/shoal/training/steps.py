@@ -1,0 +1,290 @@
+"""The step loop: the unit of local, data_parallel and parameter_server training is one step.
+
+The loop picks each step's global batch (a function of seed and epoch) and
+hands it to its :class:`~shoal.training.learner.Learner` (this rank's slice,
+micro-batches, gradient sync, global-norm clipping, optimizer and schedule);
+every `monitor.log_every_steps` steps it logs the interval's figures. Its
+checkpoint parts are the learner's (model, optimizer, schedule), the
+strategy's (aggregation residuals, gathered from every rank) and, through the
+driver, the data position and every rank's RNG state, so a resumed run on CPU
+ends bit-identical to one that never stopped.
+
+A strategy whose model lives elsewhere (the parameter server's workers) runs
+this same loop with :class:`StepCollaborators` of its own.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import nn
+
+from shoal.checkpoint.integrity import load_checkpoint
+from shoal.checkpoint.parts import Custom, FilePart, StatePart
+from shoal.errors import ShoalError
+from shoal.runtime.context import WorkerContext
+from shoal.runtime.rng import seed_everything, worker_seed
+from shoal.runtime.stop import STOP
+from shoal.tasks.base import Task
+from shoal.training.batching import EpochPlan, steps_per_epoch
+from shoal.training.contracts import GradientSync, TrainingStrategy
+from shoal.training.driver import Run
+from shoal.training.faults import maybe_inject_fault
+from shoal.training.learner import Learner
+from shoal.training.loop import ModelOfRecord, Plan
+from shoal.training.meter import IntervalMeter, StepStats
+from shoal.training.state import TrainProgress
+
+
+class StepLearner(Protocol):
+    """What the step loop drives: a :class:`Learner`, or a parameter-server worker's."""
+
+    @property
+    def model(self) -> nn.Module: ...
+
+    @property
+    def sync(self) -> GradientSync: ...
+
+    @property
+    def lr(self) -> float: ...
+
+    def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats: ...
+
+    def parts(self) -> dict[str, StatePart]: ...
+
+    def observe_metric(self, value: float, direction: str) -> None: ...
+
+
+class LocalModel:
+    """The model of record of a learner that holds its model: the best is a copy in memory."""
+
+    def __init__(self, ctx: WorkerContext, model: nn.Module) -> None:
+        self.ctx, self._model = ctx, model
+        self.best: dict[str, torch.Tensor] | None = None
+
+    @property
+    def model(self) -> nn.Module:
+        return self._model
+
+    def validated(self, best: bool) -> None:
+        if best:
+            state = self._model.state_dict()
+            self.best = {k: t.detach().to("cpu", copy=True) for k, t in state.items()}
+
+    def restore_best(self, saved: Path | None) -> bool:
+        if self.best is None and saved is not None:
+            state, _ = load_checkpoint(saved)
+            self.best = state["model"]
+        if self.best is None:
+            self.ctx.log.warning("no best/ checkpoint to restore: testing the final model")
+            return False
+        self._model.load_state_dict(self.best)
+        return True
+
+
+@dataclass
+class StepCollaborators:
+    """What a strategy may supply to the step loop instead of the defaults."""
+
+    #: the model as the learner sees it (default: the task's, on the worker's device)
+    build_model: Callable[[], nn.Module] | None = None
+    #: the learner around the model and gradient sync (default: a :class:`Learner`)
+    make_learner: Callable[[nn.Module, GradientSync, int], StepLearner] | None = None
+    #: the model of record (default: the learner's model, best copy in memory)
+    model_of_record: Callable[[StepLearner, TrainProgress], ModelOfRecord] | None = None
+    #: state kept in files of its own
+    files: Callable[[TrainProgress], list[FilePart]] | None = None
+    #: after the parts were loaded, with the resumed step
+    after_restore: Callable[[int], None] | None = None
+    #: more results.json fields (collective)
+    section: Callable[[TrainProgress], dict[str, Any]] | None = None
+
+
+class StepLoop:
+    """Steps over epochs of the training data, one global batch per unit."""
+
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        task: Task,
+        strategy: TrainingStrategy,
+        collaborators: StepCollaborators | None = None,
+    ) -> None:
+        self.ctx, self.task, self.strategy = ctx, task, strategy
+        self.train = ctx.config.train
+        self.with_ = collaborators or StepCollaborators()
+        self._plan: EpochPlan | None = None  # the epoch's batches, made at its first step
+        self._plan_epoch = -1
+
+    # ---------------------------------------------------------------- setup
+    def setup(self, run: Run) -> Plan:
+        ctx, train, task = self.ctx, self.train, self.task
+        self.run, self.progress = run, run.progress
+        seed_everything(train.seed)  # identical initial parameters on every rank
+        build = self.with_.build_model or (lambda: task.build_model().to(ctx.device))
+        model = build()
+        sync = self.strategy.attach(model)
+        self.steps_per_epoch = steps_per_epoch(task.train_size, train.batch_size, train.drop_last)
+        if self.steps_per_epoch == 0:
+            raise ShoalError(
+                f"train.batch_size ({train.batch_size}) exceeds the {task.train_size} "
+                "training samples and drop_last = true: no step would run"
+            )
+        limits = []
+        if train.epochs is not None:
+            limits.append(train.epochs * self.steps_per_epoch)
+        if train.max_steps is not None:
+            limits.append(train.max_steps)
+        self.total_steps = min(limits)
+        make = self.with_.make_learner or self._learner
+        self.learner = make(model, sync, self.total_steps)
+        record = self.with_.model_of_record
+        if record is not None:
+            self.record = record(self.learner, self.progress)
+        else:
+            self.record = LocalModel(ctx, self.learner.model)
+        self.files = self.with_.files(self.progress) if self.with_.files else []
+        seed_everything(worker_seed(train.seed, ctx.rank))  # a resume puts the saved ones back
+        return Plan(
+            unit="step",
+            total=self.total_steps,
+            epochs=train.epochs,
+            line=(
+                f"training {ctx.config.task.type} with {self.strategy.describe()}: "
+                f"{task.train_size} samples, {self.steps_per_epoch} steps/epoch, "
+                f"{self.total_steps} steps in all"
+            ),
+            optional_parts=("optimizer_kind", "precision", "strategy"),
+        )
+
+    def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
+        share = (self.ctx.rank, self.ctx.world_size)
+        return Learner(self.task, model, sync, self.train, total_steps, share=share)
+
+    def state_parts(self) -> dict[str, StatePart]:
+        return {
+            **self.learner.parts(),
+            "strategy": Custom(self.strategy.state_dict, self.strategy.load_state_dict),
+        }
+
+    def file_parts(self) -> list[FilePart]:
+        return self.files
+
+    def after_restore(self) -> None:
+        if self.with_.after_restore is not None:
+            self.with_.after_restore(self.progress.global_step)
+
+    def model_of_record(self) -> ModelOfRecord:
+        return self.record
+
+    def observe_metric(self, value: float, direction: str) -> None:
+        self.learner.observe_metric(value, direction)
+
+    # ---------------------------------------------------------------- the units
+    def start(self) -> None:
+        self.meter = IntervalMeter()
+        self.learner.model.train()
+
+    def done(self) -> bool:
+        p, epochs = self.progress, self.train.epochs
+        return p.global_step >= self.total_steps or (epochs is not None and p.epoch >= epochs)
+
+    def run_unit(self) -> bool:
+        p, train = self.progress, self.train
+        plan = self._plan
+        if plan is None or self._plan_epoch != p.epoch:
+            self.task.set_epoch(p.epoch)
+            self._plan_epoch = p.epoch
+            plan = self._plan = EpochPlan(
+                self.task.train_size,
+                train.batch_size,
+                p.epoch,
+                train.seed,
+                train.shuffle,
+                train.drop_last,
+            )
+        if p.step_in_epoch < plan.num_steps:
+            self._step(plan)
+        return p.step_in_epoch >= plan.num_steps
+
+    def _step(self, plan: EpochPlan) -> None:
+        p = self.progress
+        undo_fault = maybe_inject_fault(self.ctx, p.global_step, self.learner.model)
+        batch = plan.global_batch(p.step_in_epoch)
+        try:
+            stats = self.learner.step(batch, global_step=p.global_step)
+        finally:
+            undo_fault()
+        p.step_in_epoch += 1
+        p.global_step += 1
+        p.samples_seen += len(batch)
+        p.compute_time_s += stats.compute_s
+        p.comm_time_s += stats.comm_s
+        p.sent_bytes += stats.sent_bytes
+        p.skipped_steps += int(stats.skipped)
+        self.meter.add(stats)
+        if p.global_step % self.ctx.config.monitor.log_every_steps == 0:
+            self.flush()
+        else:
+            self.run.reporter.update(p.global_step, p.epoch)
+
+    def next_epoch(self) -> None:
+        self.progress.epoch += 1
+        self.progress.step_in_epoch = 0
+
+    def agree_stop(self) -> int:
+        """The stop signal every rank agreed on (0: go on). The gradient sync's per-step
+        all-reduce carries the agreement; a sync without one (the parameter server's
+        workers train asynchronously) is asked every `log_every_steps`, alike on every rank."""
+        agreed = STOP.take_agreed()
+        if agreed is not None:
+            return agreed
+        if not self.ctx.distributed or self.ctx.world_size == 1:
+            return STOP.signum
+        every = self.ctx.config.monitor.log_every_steps
+        return STOP.agree(self.ctx) if self.progress.global_step % every == 0 else 0
+
+    def flush(self) -> None:
+        """Log the interval's figures (collective), if any step was taken since the last."""
+        if not self.meter.steps:
+            return
+        metrics = self.meter.reduce(self.ctx)
+        self.meter = IntervalMeter()
+        metrics.update(self.learner.sync.interval_metrics())
+        p = self.progress
+        metrics["lr"] = self.learner.lr
+        last = self.run.last_train
+        last.clear()
+        last.update(
+            {
+                k.removeprefix("train_"): v
+                for k, v in metrics.items()
+                if k == "loss" or k.startswith("train_")
+            }
+        )
+        epoch = p.last_step_epoch  # the interval's epoch, also after the last one has ended
+        self.run.metrics.write({"event": "train", "step": p.global_step, "epoch": epoch, **metrics})
+        self.run.reporter.update(p.global_step, epoch, metrics)
+
+    # ---------------------------------------------------------------- results
+    def section(self) -> dict[str, Any]:
+        p = self.progress
+        section = {
+            "epochs": p.epoch,
+            "samples": p.samples_seen,
+            "samples_per_s": p.samples_seen / p.train_time_s if p.train_time_s else 0.0,
+            "time_s": {"compute": p.compute_time_s, "communication": p.comm_time_s},
+            "gradient_bytes_per_step": self.learner.sync.bytes_per_step(),
+            "sent_bytes_per_step": p.sent_bytes / p.global_step if p.global_step else 0.0,
+            "skipped_steps": p.skipped_steps,
+        }
+        if self.with_.section is not None:
+            section.update(self.with_.section(p))
+        return section
+
+    def close(self) -> None:
+        """Nothing to release: the strategy owns the process groups."""
