@@ -16,6 +16,7 @@ import argparse
 import datetime
 import json
 import os
+import re
 import signal
 import statistics
 import subprocess
@@ -42,11 +43,19 @@ def children(pid: int) -> list[int]:
 
 
 def rank_of(pid: int) -> int:
+    """From the environment (an exec'd worker) or the title's `[rank N]` (a forked one, whose
+    /proc environ is its forkserver's: shoal/launch/start.py)."""
     raw = Path(f"/proc/{pid}/environ").read_bytes()
     for item in raw.split(b"\0"):
         if item.startswith(b"RANK="):
             return int(item[5:])
-    return -1
+    found = re.search(rb"\[rank (\d+)\]", Path(f"/proc/{pid}/cmdline").read_bytes())
+    return int(found.group(1)) if found else -1
+
+
+def descendants(pid: int) -> list[int]:
+    found = children(pid)
+    return found + [p for child in found for p in descendants(child)]
 
 
 def once(kind: str, work: Path, index: int) -> float:
@@ -67,7 +76,7 @@ def once(kind: str, work: Path, index: int) -> float:
         time.sleep(0.05)
     if kind == "sigstop":
         time.sleep(1.0)
-        rank1 = next(p for p in children(launcher.pid) if rank_of(p) == 1)
+        rank1 = next(p for p in descendants(launcher.pid) if rank_of(p) == 1)
         os.kill(rank1, signal.SIGSTOP)
         fault_at = time.time()
     _, err = launcher.communicate(timeout=300)

@@ -95,6 +95,9 @@ def measure(command: list[str], workers: int, run_dir: Path) -> dict[str, object
         [sys.executable, "-m", "shoal", *command],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
+        # exec'd workers: their /proc environ holds the job's secret and port (a forked
+        # worker's shows its forkserver's, shoal/launch/start.py)
+        env=dict(os.environ, SHOAL_WORKER_START="exec"),
     )
     while len(children(launcher.pid)) < workers and launcher.poll() is None:
         time.sleep(0.05)
