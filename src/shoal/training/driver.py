@@ -16,14 +16,13 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.checkpoint.manager import CheckpointManager
 from shoal.checkpoint.parts import FilePart, Fixed, RankRngs, StatePart, TaskFiles, load_parts
-from shoal.checkpoint.resume import Resume, open_resume
+from shoal.checkpoint.resume import open_resume
 from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
@@ -31,22 +30,9 @@ from shoal.runtime.context import WorkerContext
 from shoal.runtime.stop import STOP, stop_record
 from shoal.tasks.base import Task
 from shoal.training.evaluation import evaluate_splits
-from shoal.training.loop import Plan, UnitLoop
+from shoal.training.loop import Plan, Run, UnitLoop
 from shoal.training.selection import Selection
 from shoal.training.state import TrainProgress
-
-
-@dataclass
-class Run:
-    """What a loop may use of the driver's: the worker, the task, progress and records."""
-
-    ctx: WorkerContext
-    task: Task
-    progress: TrainProgress
-    metrics: MetricsLog
-    reporter: ProgressReporter
-    last_train: dict[str, float]  # the latest training figures, for results.json
-    resume: Resume | None = None  # while the parts load: the checkpoint being resumed
 
 
 class Driver:

@@ -60,7 +60,25 @@ from torch import nn
 from shoal.checkpoint.parts import FilePart, StatePart
 
 if TYPE_CHECKING:
-    from shoal.training.driver import Run
+    from shoal.checkpoint.resume import Resume
+    from shoal.monitor.metrics import MetricsLog
+    from shoal.monitor.progress import ProgressReporter
+    from shoal.runtime.context import WorkerContext
+    from shoal.tasks.base import Task
+    from shoal.training.state import TrainProgress
+
+
+@dataclass
+class Run:
+    """What a loop may use of the driver's: the worker, the task, progress and records."""
+
+    ctx: WorkerContext
+    task: Task
+    progress: TrainProgress
+    metrics: MetricsLog
+    reporter: ProgressReporter
+    last_train: dict[str, float]  # the latest training figures, for results.json
+    resume: Resume | None = None  # while the parts load: the checkpoint being resumed
 
 
 @dataclass

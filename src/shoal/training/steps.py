@@ -32,10 +32,9 @@ from shoal.runtime.stop import STOP
 from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan, steps_per_epoch
 from shoal.training.contracts import GradientSync, TrainingStrategy
-from shoal.training.driver import Run
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.learner import Learner
-from shoal.training.loop import ModelOfRecord, Plan
+from shoal.training.loop import ModelOfRecord, Plan, Run
 from shoal.training.meter import IntervalMeter, StepStats
 from shoal.training.state import TrainProgress
 

@@ -47,9 +47,8 @@ from shoal.strategies.federated.selection import select_clients
 from shoal.strategies.federated.vector import ModelVector
 from shoal.strategies.federated.wire import Wire
 from shoal.tasks.base import Task
-from shoal.training.driver import Run
 from shoal.training.faults import maybe_inject_fault
-from shoal.training.loop import ModelOfRecord, Plan
+from shoal.training.loop import ModelOfRecord, Plan, Run
 from shoal.training.optim import build_optimizer
 from shoal.training.steps import LocalModel
 

@@ -64,9 +64,8 @@ from shoal.strategies.population.space import Hyperparameters, sample_all
 from shoal.strategies.population.transfer import recv_tree, send_tree
 from shoal.tasks.base import Task
 from shoal.training.batching import steps_per_epoch
-from shoal.training.driver import Run
 from shoal.training.faults import InjectedFault, maybe_inject_fault
-from shoal.training.loop import ModelOfRecord, Plan
+from shoal.training.loop import ModelOfRecord, Plan, Run
 
 
 class PopulationFailed(RuntimeError):
