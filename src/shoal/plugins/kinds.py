@@ -44,6 +44,11 @@ STRATEGIES = PluginRegistry(
                 "shoal.strategies.parameter_server.strategy:ParameterServerStrategy",
                 "shoal.strategies.parameter_server.config:ParameterServerStrategyConfig",
             ),
+            (
+                "pipeline",
+                "shoal.strategies.pipeline.strategy:PipelineStrategy",
+                "shoal.strategies.pipeline.config:PipelineStrategyConfig",
+            ),
         ),
     )
 )

@@ -7,6 +7,8 @@ Without a process group (the `local` strategy) each helper is the identity.
 
 from __future__ import annotations
 
+import json
+import math
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -100,3 +102,38 @@ def gather_tensors(ctx: Peers, tensors: dict[str, torch.Tensor]) -> list[dict[st
             for rank, part in enumerate(parts):
                 gathered[rank][name] = part.cpu()
     return gathered if ctx.rank == 0 else []
+
+
+def share_tensors(
+    ctx: Peers, mine: dict[str, torch.Tensor], keep_all: bool = True
+) -> dict[str, torch.Tensor]:
+    """Collective: each rank gives tensors of its own (names, shapes and dtypes may differ
+    between ranks, e.g. a pipeline stage's parameters); every rank (`keep_all`) or only
+    rank 0 returns the union, on CPU.
+
+    Rank by rank, a JSON header (name, dtype, shape) then one flat tensor per dtype are
+    broadcast: no pickle crosses the wire."""
+    if not (ctx.distributed and ctx.world_size > 1):
+        return {name: t.detach().cpu().clone() for name, t in mine.items()}
+    union: dict[str, torch.Tensor] = {}
+    keep = keep_all or ctx.rank == 0
+    for src in range(ctx.world_size):
+        header = None
+        if ctx.rank == src:
+            entries = [[n, str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in mine.items()]
+            header = json.dumps(entries).encode()
+        entries = json.loads(broadcast_bytes(ctx, header, src=src))
+        for dtype_name in sorted({e[1] for e in entries}):
+            dtype = getattr(torch, dtype_name)
+            group = [e for e in entries if e[1] == dtype_name]
+            sizes = [math.prod(e[2]) for e in group]
+            if ctx.rank == src:
+                flat = torch.cat([mine[e[0]].detach().reshape(-1) for e in group])
+                flat = flat.to(ctx.comm_device)
+            else:
+                flat = torch.empty(sum(sizes), dtype=dtype, device=ctx.comm_device)
+            dist.broadcast(flat, src=src, group=_group(ctx))
+            if keep:
+                for entry, part in zip(group, flat.cpu().split(sizes), strict=True):
+                    union[entry[0]] = part.reshape(entry[2]).clone()
+    return union

@@ -55,6 +55,10 @@ class GradientSync(ABC):
         A sync that cannot tell returns {}."""
         return {}
 
+    def describe_rank(self, rank: int) -> str:
+        """How a message names `rank` (a pipeline adds its stage)."""
+        return f"rank {rank}"
+
     def take_sent_bytes(self) -> int:
         """Bytes this rank sent since the last call (counted where shoal sends them)."""
         return 0

@@ -79,6 +79,45 @@ class Learner:
         self.sync.zero_grad()
         self.sync.loss_scale = loss_scale
         self.sync.begin_step()
+        loss_sum, sums, samples = self.forward_backward(local, scale, loss_scale)
+        comm_s = self.sync.finish()
+        nonfinite = self.sync.nonfinite()
+        if nonfinite and self.train.on_nonfinite == "halt":
+            where = f" at step {global_step}" if global_step is not None else ""
+            raise TrainingHalted(
+                f"training halted{where}: non-finite gradients (NaN/Inf) on "
+                f"{describe_nonfinite(nonfinite, self.sync.describe_rank)}; every worker stopped "
+                "before the optimizer step, so the newest checkpoint is the last good state. "
+                "Resume from it with a "
+                "lower train.optimizer.lr or a train.grad_clip_norm, or set "
+                'train.on_nonfinite = "skip_step" to skip such steps'
+            )
+        if not nonfinite:
+            if self.train.grad_clip_norm is not None:
+                self.clip(self.train.grad_clip_norm)
+            self.optimizer.step()
+        self.precision.update(overflowed=bool(nonfinite))
+        self.scheduler.step()
+        wall = time.perf_counter() - started
+        return StepStats(
+            loss_sum,
+            samples,
+            sums,
+            wall - comm_s,
+            comm_s,
+            wall,
+            sent_bytes=self.sync.take_sent_bytes(),
+            skipped=bool(nonfinite),
+        )
+
+    def forward_backward(
+        self, local: torch.Tensor, scale: float, loss_scale: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        """Forward and backward of this learner's share of a step, in micro-batches, with
+        each micro-batch's loss sum scaled by `scale` (1 / global batch) and `loss_scale`.
+
+        Returns the loss sum, the task's other sums and the samples they cover. A pipeline
+        stage overrides it: its schedule runs the micro-batches over the stages."""
         loss_sum = torch.zeros((), device=self.device)
         sums: dict[str, torch.Tensor] = {}
         parts = micro_batches(local, self.train.micro_batches)
@@ -95,35 +134,13 @@ class Learner:
             loss_sum += out.loss_sum.detach()
             for name, value in out.sums.items():
                 sums[name] = sums.get(name, 0) + value.detach()
-        comm_s = self.sync.finish()
-        nonfinite = self.sync.nonfinite()
-        if nonfinite and self.train.on_nonfinite == "halt":
-            where = f" at step {global_step}" if global_step is not None else ""
-            raise TrainingHalted(
-                f"training halted{where}: non-finite gradients (NaN/Inf) on "
-                f"{describe_nonfinite(nonfinite)}; every worker stopped before the optimizer "
-                "step, so the newest checkpoint is the last good state. Resume from it with a "
-                "lower train.optimizer.lr or a train.grad_clip_norm, or set "
-                'train.on_nonfinite = "skip_step" to skip such steps'
-            )
-        if not nonfinite:
-            if self.train.grad_clip_norm is not None:
-                # after the sync every replica holds the global gradient: this is the global norm
-                torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.train.grad_clip_norm)
-            self.optimizer.step()
-        self.precision.update(overflowed=bool(nonfinite))
-        self.scheduler.step()
-        wall = time.perf_counter() - started
-        return StepStats(
-            loss_sum,
-            len(local),
-            sums,
-            wall - comm_s,
-            comm_s,
-            wall,
-            sent_bytes=self.sync.take_sent_bytes(),
-            skipped=bool(nonfinite),
-        )
+        return loss_sum, sums, len(local)
+
+    def clip(self, max_norm: float) -> None:
+        """Clip the gradients by their global norm. After the sync every replica holds the
+        global gradient, so its own norm is the global one; a pipeline stage holds a part
+        and overrides it."""
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
 
     def parts(self) -> dict[str, StatePart]:
         """The learner's checkpoint parts, in load order (`checkpoint/parts.py`)."""

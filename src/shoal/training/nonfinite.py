@@ -16,7 +16,7 @@ without a collective of its own.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -69,12 +69,15 @@ def agree_on_nonfinite(local: list[str], device: torch.device) -> dict[int, list
     return {r: blob.decode().split("\n") for r, blob in enumerate(blobs) if flags[r]}
 
 
-def describe_nonfinite(bad: dict[int, list[str]], limit: int = 4) -> str:
-    """'rank 2 (fc.weight, fc.bias)'; several ranks joined by '; '."""
+def describe_nonfinite(
+    bad: dict[int, list[str]], who: Callable[[int], str] | None = None, limit: int = 4
+) -> str:
+    """'rank 2 (fc.weight, fc.bias)'; several ranks joined by '; '. `who` names a rank
+    (a pipeline's: 'rank 1, stage 1')."""
     parts = []
     for rank in sorted(bad):
         names = bad[rank]
         more = f" and {len(names) - limit} more" if len(names) > limit else ""
         shown = ", ".join(names[:limit]) + more
-        parts.append(f"rank {rank} ({shown})")
+        parts.append(f"{who(rank) if who else f'rank {rank}'} ({shown})")
     return "; ".join(parts)

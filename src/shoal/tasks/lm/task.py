@@ -100,8 +100,18 @@ class LMTask(Task):
         return self.windows.fetch(indices).to(self.ctx.device, non_blocking=True)
 
     def loss(self, model: nn.Module, batch: torch.Tensor) -> LossOutput:
-        token_sum = _token_loss_sum(model, batch)
-        return LossOutput(token_sum / self.context, int(batch.shape[0]))
+        inputs, targets = self.pipeline_batch(batch)
+        return self.pipeline_loss(model(inputs), targets)
+
+    # ------------------------------------------------------------ a model in stages
+    def pipeline_batch(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs of the first stage, targets of the last) of a batch of windows."""
+        return batch[:, :-1], batch[:, 1:]
+
+    def pipeline_loss(self, logits: torch.Tensor, targets: torch.Tensor) -> LossOutput:
+        """The loss of the last stage's output: `loss` is exactly this of the whole model."""
+        token_sum = _cross_entropy_sum(logits, targets)
+        return LossOutput(token_sum / self.context, int(targets.shape[0]))
 
     def eval_splits(self) -> list[str]:
         return ["valid"] if self.corpus.valid is not None else []
@@ -155,9 +165,12 @@ class LMTask(Task):
 
 def _token_loss_sum(model: nn.Module, batch: torch.Tensor) -> torch.Tensor:
     """Summed next-token cross-entropy of windows (batch, length + 1)."""
-    logits = model(batch[:, :-1])
+    return _cross_entropy_sum(model(batch[:, :-1]), batch[:, 1:])
+
+
+def _cross_entropy_sum(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(
-        logits.reshape(-1, logits.shape[-1]).float(), batch[:, 1:].reshape(-1), reduction="sum"
+        logits.reshape(-1, logits.shape[-1]).float(), targets.reshape(-1), reduction="sum"
     )
 
 

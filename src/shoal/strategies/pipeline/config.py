@@ -1,0 +1,176 @@
+"""`[strategy] type = "pipeline"`: stages, the partition (given or balanced), the schedule.
+
+The rules that span sections (the blocks the task's model has, the batch the
+micro-batches divide) are the section's `check`, run once every section is
+valid, so each error names the field to change.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from shoal.config.base import FieldError, StrategySection
+
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+
+
+class PipelineStrategyConfig(StrategySection):
+    """The model's blocks cut into contiguous stages, one rank each; micro-batches flow
+    through them under a GPipe, 1F1B or interleaved 1F1B schedule (torch.distributed.pipelining)."""
+
+    type: Literal["pipeline"] = "pipeline"
+    stages: int = Field(
+        2,
+        ge=2,
+        description="Pipeline ranks (worker processes `shoal train` starts; `--workers` sets "
+        "it). With schedule = interleaved_1f1b each rank holds `virtual_stages` stages.",
+    )
+    partitions: list[list[int]] | None = Field(
+        None,
+        description="The blocks of each stage, [first, last] inclusive, in stage order, e.g. "
+        "[[0, 3], [4, 7]]: contiguous, covering every block once (stages x virtual_stages "
+        "entries). Unset: shoal times each block's forward and backward on real batches and "
+        "picks the contiguous split whose costliest stage is cheapest.",
+    )
+    balance: Literal["time", "memory", "both"] = Field(
+        "time",
+        description="Without `partitions`: what the computed split balances. time = measured "
+        "forward + backward seconds per block; memory = parameters, gradients, optimizer "
+        "state and saved activations per block; both = the sum of each block's two shares.",
+    )
+    balance_batches: int = Field(
+        3, ge=1, description="Batches timed per block to balance the partition (median)."
+    )
+    microbatches: int = Field(
+        4,
+        ge=1,
+        description="Micro-batches each batch is cut into; they must divide train.batch_size.",
+    )
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
+        "1f1b",
+        description="gpipe = all forwards, then all backwards; 1f1b = one forward, one "
+        "backward in the steady state (fewer activations held); interleaved_1f1b = 1F1B over "
+        "`virtual_stages` stages per rank (a smaller bubble, more messages).",
+    )
+    virtual_stages: int | None = Field(
+        None,
+        ge=1,
+        description="Stages per rank for schedule = interleaved_1f1b (default 2; at least 2); "
+        "rank r holds stages r, r + stages, ... Only 1 for the other schedules.",
+    )
+
+    @model_validator(mode="after")
+    def _virtual(self) -> PipelineStrategyConfig:
+        if self.schedule == "interleaved_1f1b":
+            if self.virtual_stages is None:
+                self.virtual_stages = 2
+            elif self.virtual_stages < 2:
+                raise FieldError(
+                    ("virtual_stages",),
+                    "schedule interleaved_1f1b interleaves at least 2 stages per rank; set "
+                    'virtual_stages >= 2, or schedule = "1f1b" for one stage per rank',
+                )
+        elif self.virtual_stages not in (None, 1):
+            raise FieldError(
+                ("virtual_stages",),
+                f"schedule {self.schedule} runs one stage per rank; unset virtual_stages, or "
+                'set schedule = "interleaved_1f1b"',
+            )
+        return self
+
+    @property
+    def local_stages(self) -> int:
+        """Stages each rank holds."""
+        return self.virtual_stages or 1
+
+    @property
+    def total_stages(self) -> int:
+        return self.stages * self.local_stages
+
+    def check(self, config: Any) -> None:
+        """The loop's length; blocks enough for the stages; a partition that covers them;
+        micro-batches that divide the batch."""
+        super().check(config)
+        train = config.train
+        blocks = model_blocks(config)
+        total = self.total_stages
+        counted = f"{total} stages" if self.local_stages == 1 else (
+            f"{total} stages ({self.stages} ranks x {self.local_stages} virtual stages)"
+        )
+        if blocks is not None and total > blocks:
+            raise FieldError(
+                ("strategy", "stages"),
+                f"{counted} need at least as many blocks; the model has {blocks} "
+                "(task.model.layers): use fewer stages or more layers",
+            )
+        if self.partitions is not None:
+            check_partitions(self.partitions, total, blocks, counted)
+        if train.micro_batches != 1:
+            raise FieldError(
+                ("train", "micro_batches"),
+                "strategy pipeline cuts each batch into strategy.microbatches itself; set "
+                "train.micro_batches = 1",
+            )
+        if train.batch_size % self.microbatches:
+            raise FieldError(
+                ("strategy", "microbatches"),
+                f"{self.microbatches} micro-batches do not divide train.batch_size "
+                f"({train.batch_size}): choose a divisor of it",
+            )
+        if self.schedule == "interleaved_1f1b":
+            rounds = max(1, self.microbatches // self.stages)
+            if self.microbatches % rounds:
+                raise FieldError(
+                    ("strategy", "microbatches"),
+                    f"interleaved_1f1b runs micro-batches in rounds of {self.stages} (the "
+                    f"ranks): {self.microbatches} is not a multiple of {rounds} rounds; use a "
+                    f"multiple of {self.stages}",
+                )
+        task_model = getattr(config.task, "model", None)
+        if getattr(task_model, "tie_embeddings", False):
+            raise FieldError(
+                ("task", "model", "tie_embeddings"),
+                "strategy pipeline puts the embedding on the first stage and the head on the "
+                "last, which tying would share; set tie_embeddings = false",
+            )
+
+
+def model_blocks(config: Any) -> int | None:
+    """Blocks of the task's model when its config says (an lm's `layers`), else None
+    (then the model is asked when it is built)."""
+    layers = getattr(getattr(config.task, "model", None), "layers", None)
+    return layers if isinstance(layers, int) else None
+
+
+def check_partitions(
+    partitions: list[list[int]], total: int, blocks: int | None, counted: str = ""
+) -> None:
+    """A given partition: `total` [first, last] pairs, contiguous from block 0, covering
+    every block once. Raises FieldError at strategy.partitions."""
+
+    def wrong(message: str) -> FieldError:
+        return FieldError(("strategy", "partitions"), message)
+
+    if len(partitions) != total:
+        raise wrong(
+            f"{len(partitions)} partitions for {counted or f'{total} stages'}: give one "
+            "[first, last] block range per stage"
+        )
+    expected = 0
+    for index, part in enumerate(partitions):
+        if len(part) != 2 or part[0] > part[1]:
+            raise wrong(f"stage {index}: {part} is not a block range [first, last], first <= last")
+        if part[0] != expected:
+            what = "overlaps the stage before" if part[0] < expected else "leaves a gap before it"
+            raise wrong(
+                f"stage {index} starts at block {part[0]} and {what} (expected block "
+                f"{expected}): the stages must cover the blocks in order, each once"
+            )
+        expected = part[1] + 1
+    if blocks is not None and expected != blocks:
+        raise wrong(
+            f"the stages cover blocks 0..{expected - 1}, the model has {blocks} "
+            f"(0..{blocks - 1}): every block must belong to one stage"
+        )

@@ -1,0 +1,342 @@
+"""A pipeline rank's learner: its stages under torch's schedule, the rest as every learner.
+
+:class:`PipelineLearner` is the step's :class:`~shoal.training.learner.Learner`
+with two hooks replaced: the forward and backward of the step's micro-batches
+is one `schedule.step` over this rank's stages, and clipping takes the global
+norm across the stages (each rank's squared norm, all-reduced). Mixed
+precision, the non-finite halt, the optimizer, warm-up and decay are the
+learner's own, unchanged.
+
+Equivalence with `local`: every rank takes the whole global batch; each
+micro-batch's loss is the task's loss sum divided by the global batch (times
+fp16's loss scale), the schedule does not rescale gradients, so the gradient
+of each parameter is the sum over micro-batches, exactly what `local`'s
+backward of the whole batch gives (up to float rounding). Dropout draws differ
+from `local`'s (each stage draws from its own rank's generator), so the
+equivalence holds with dropout = 0; a resume at the same partition restores
+every rank's generator and is bit-identical with dropout too.
+
+Checkpoints hold the full model's state dict and one optimizer state dict in
+`local`'s layout (the full model's parameter order), gathered from the stages:
+a pipeline checkpoint resumes under any partition, any schedule or `local`, and
+its `model` is a plain state dict of the whole model.
+
+Evaluation, the best model and the exported model use the full model every
+rank built before keeping its stages (:class:`PipelineRecord`): the other
+stages' parameters are brought up to date, from their owners, when it is
+needed (a collective), and its optimizer state and gradients never exist.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from torch import nn
+
+from shoal.checkpoint.parts import Custom, StatePart
+from shoal.config.train import TrainConfig
+from shoal.errors import ShoalError
+from shoal.runtime.collectives import share_tensors
+from shoal.runtime.context import WorkerContext
+from shoal.tasks.base import LossOutput, Task
+from shoal.training.contracts import GradientSync
+from shoal.training.learner import Learner
+from shoal.training.meter import StepStats
+from shoal.training.nonfinite import agree_on_nonfinite, nonfinite_names
+from shoal.training.steps import LocalModel
+from shoal.strategies.pipeline.measure import StageClock, gather_figures, peak_memory_bytes
+from shoal.strategies.pipeline.stages import PipelinePlace, bubble_theory, stage_indices
+
+OPTIMIZER_KEY = "\t"  # between a parameter's name and its optimizer state's key
+
+
+class PipelineSync(GradientSync):
+    """The gradients of this rank's stages: nothing to combine (each parameter lives on one
+    rank); non-finite ones are found locally and agreed on by every rank; the step's idle
+    time (bubble and messages) is its communication time."""
+
+    def __init__(
+        self, ctx: WorkerContext, named: list[tuple[str, nn.Parameter]], place: PipelinePlace
+    ) -> None:
+        self.ctx, self.named, self.place = ctx, named, place
+        self.clock = StageClock()
+        self.ranks = place.total // len(place.indices)
+        self.local = len(place.indices)
+        self._nonfinite: list[str] = []
+        self._step_started = (0.0, 0.0)  # the clock's (compute, step) before this step
+        self.totals = {"compute_s": 0.0, "step_s": 0.0, "steps": 0.0}
+        self.state_bytes = 0
+
+    def zero_grad(self) -> None:
+        for _, param in self.named:
+            param.grad = None
+
+    def begin_step(self) -> None:
+        self._step_started = (self.clock.compute_s, self.clock.step_s)
+
+    def finish(self) -> float:
+        named = [(n, p.grad) for n, p in self.named if p.grad is not None]
+        self._nonfinite = nonfinite_names(named)
+        if self.loss_scale != 1.0:
+            for _, grad in named:
+                grad.div_(self.loss_scale)
+        compute = self.clock.compute_s - self._step_started[0]
+        wall = self.clock.step_s - self._step_started[1]
+        return max(wall - compute, 0.0)
+
+    def nonfinite(self) -> dict[int, list[str]]:
+        """Collective (it also carries the stop agreement)."""
+        return agree_on_nonfinite(self._nonfinite, self.ctx.device)
+
+    def describe_rank(self, rank: int) -> str:
+        held = stage_indices(rank, self.ranks, self.local)
+        word = "stage" if len(held) == 1 else "stages"
+        return f"rank {rank}, pipeline {word} {', '.join(map(str, held))}"
+
+    def interval_metrics(self) -> dict[str, float]:
+        """Collective: the interval's bubble (mean over ranks) beside the schedule's theory,
+        and each rank's compute and idle seconds per step and peak memory."""
+        compute, step, steps = self.clock.take()
+        for key, value in (("compute_s", compute), ("step_s", step), ("steps", steps)):
+            self.totals[key] += value
+        ranks = self.gather(compute, step, steps)
+        metrics: dict[str, float] = {
+            "pipeline_bubble": _mean_bubble(ranks),
+            "pipeline_bubble_theory": self.theory,
+        }
+        for rank, figures in enumerate(ranks):
+            per_step = max(figures["steps"], 1.0)
+            metrics[f"rank{rank}_compute_s"] = figures["compute_s"] / per_step
+            metrics[f"rank{rank}_idle_s"] = (figures["step_s"] - figures["compute_s"]) / per_step
+            metrics[f"rank{rank}_peak_mb"] = figures["peak_mb"]
+        return metrics
+
+    @property
+    def theory(self) -> float:
+        schedule = self.ctx.config.strategy
+        return bubble_theory(
+            getattr(schedule, "schedule", "1f1b"),
+            self.ranks,
+            getattr(schedule, "microbatches", 1),
+            self.local,
+        )
+
+    def gather(self, compute: float, step: float, steps: float) -> list[dict[str, float]]:
+        figures = {
+            "compute_s": compute,
+            "step_s": step,
+            "steps": float(steps),
+            "peak_mb": peak_memory_bytes(self.ctx.device) / 2**20,
+            "state_mb": self.state_bytes / 2**20,
+        }
+        return gather_figures(self.ctx, figures)
+
+    def summary(self) -> dict[str, Any]:
+        """Collective: the whole run's figures per rank, for results.json."""
+        compute, step, steps = self.clock.take()
+        for key, value in (("compute_s", compute), ("step_s", step), ("steps", steps)):
+            self.totals[key] += value
+        t = self.totals
+        ranks = self.gather(t["compute_s"], t["step_s"], t["steps"])
+        return {
+            "bubble": {"measured": _mean_bubble(ranks), "theory": self.theory},
+            "ranks": [
+                {
+                    "rank": rank,
+                    "stages": stage_indices(rank, self.ranks, self.local),
+                    "compute_s": f["compute_s"],
+                    "idle_s": f["step_s"] - f["compute_s"],
+                    "bubble": _bubble(f),
+                    "peak_mb": f["peak_mb"],
+                    "parameters_gradients_optimizer_mb": f["state_mb"],
+                }
+                for rank, f in enumerate(ranks)
+            ],
+        }
+
+
+def _bubble(figures: dict[str, float]) -> float:
+    step = figures["step_s"]
+    return (step - figures["compute_s"]) / step if step > 0 else 0.0
+
+
+def _mean_bubble(ranks: list[dict[str, float]]) -> float:
+    return sum(_bubble(f) for f in ranks) / len(ranks)
+
+
+class StageLearner(Learner):
+    """This rank's stages, their optimizer and schedule; see the module docstring."""
+
+    def __init__(
+        self,
+        task: Task,
+        full: nn.Module,
+        place: PipelinePlace,
+        sync: PipelineSync,
+        train: TrainConfig,
+        total_steps: int,
+        make_schedule: Any,
+    ) -> None:
+        super().__init__(task, nn.ModuleList(place.modules), sync, train, total_steps)
+        self.full, self.place, self.psync = full, place, sync
+        self.ctx = sync.ctx
+        self.schedule = make_schedule(self._loss)
+        for stage in place.stages:
+            sync.clock.wrap(stage)
+        names = {id(p): n for n, p in full.named_parameters()}
+        self.local_names = [names[id(p)] for p in self.model.parameters()]
+        self.full_names = [n for n, _ in full.named_parameters()]
+        self.version = 0  # optimizer steps taken here (the full model's copy is of `_fresh_at`)
+        self._fresh_at = 0
+        self._scale = 1.0
+        self._outputs: list[LossOutput] = []
+        sync.state_bytes = _state_bytes(self.model, self.optimizer)
+
+    # ------------------------------------------------------------ the step's hooks
+    def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats:
+        try:
+            return super().step(global_batch, global_step)
+        finally:
+            self.version += 1
+
+    def forward_backward(
+        self, local: torch.Tensor, scale: float, loss_scale: float
+    ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
+        inputs, targets = self.task.pipeline_batch(self.task.train_batch(local))  # type: ignore[attr-defined]
+        self._scale, self._outputs = scale * loss_scale, []
+        args = (inputs,) if self.place.has_first else ()
+        target = targets if self.place.has_last else None
+        clock = self.psync.clock
+        started = time.perf_counter()
+        with self.precision.autocast():
+            self.schedule.step(*args, target=target, return_outputs=False)
+        clock.step_s += time.perf_counter() - started
+        clock.steps += 1
+        loss_sum = torch.zeros((), device=self.device)
+        sums: dict[str, torch.Tensor] = {}
+        for out in self._outputs:
+            loss_sum += out.loss_sum.detach()
+            for name, value in out.sums.items():
+                sums[name] = sums.get(name, 0) + value.detach()
+        return loss_sum, sums, len(local) if self.place.has_last else 0
+
+    def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+        """The last stage's loss of one micro-batch, as the schedule backpropagates it."""
+        started = time.perf_counter()
+        out: LossOutput = self.task.pipeline_loss(output, target)  # type: ignore[attr-defined]
+        self._outputs.append(out)
+        loss = out.loss_sum * self._scale
+        self.psync.clock.compute_s += time.perf_counter() - started
+        return loss
+
+    def clip(self, max_norm: float) -> None:
+        """By the norm of the whole model's gradient: each rank's squared norm, summed over
+        the ranks (computed as torch's clip_grad_norm_ does, per tensor then overall)."""
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        square = torch.zeros((), dtype=torch.float64)
+        for grad in grads:
+            square += torch.linalg.vector_norm(grad, 2).double().cpu() ** 2
+        total = torch.tensor(
+            [float(square)], dtype=torch.float64, device=self.ctx.comm_device
+        )
+        if self.ctx.distributed and self.ctx.world_size > 1:
+            torch.distributed.all_reduce(total)
+        norm = total.sqrt().to(torch.float32).reshape(()).to(self.device)
+        torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), max_norm, norm)
+
+    # ------------------------------------------------------------ the full model
+    def refresh(self) -> None:
+        """Collective: bring the full model's other stages up to date (when stale)."""
+        if self._fresh_at == self.version:
+            return
+        mine: dict[str, torch.Tensor] = {}
+        for module in self.place.modules:
+            mine.update(module.state_dict())
+        self.full.load_state_dict(share_tensors(self.ctx, mine, keep_all=True))
+        self._fresh_at = self.version
+
+    # ------------------------------------------------------------ checkpoint parts
+    def parts(self) -> dict[str, StatePart]:
+        parts = super().parts()
+        parts["model"] = Custom(self._model_state, self._load_model)
+        parts["optimizer"] = Custom(self._optimizer_state, self._load_full_optimizer)
+        return parts
+
+    def _model_state(self) -> dict[str, torch.Tensor]:
+        self.refresh()
+        return self.full.state_dict()
+
+    def _load_model(self, state: dict[str, torch.Tensor]) -> None:
+        self.full.load_state_dict(state)  # the stages share its modules
+        self._fresh_at = self.version
+
+    def _optimizer_state(self) -> dict[str, Any]:
+        """Collective: one optimizer state dict in `local`'s layout (rank 0's answer)."""
+        local = self.optimizer.state_dict()
+        if len(local["param_groups"]) != 1:
+            raise ShoalError("strategy pipeline saves optimizers of one parameter group only")
+        mine = {
+            f"{self.local_names[index]}{OPTIMIZER_KEY}{key}": value
+            for index, values in local["state"].items()
+            for key, value in values.items()
+            if isinstance(value, torch.Tensor)
+        }
+        union = share_tensors(self.ctx, mine, keep_all=False)
+        position = {name: i for i, name in enumerate(self.full_names)}
+        state: dict[int, dict[str, torch.Tensor]] = {}
+        for joined, value in union.items():
+            name, key = joined.split(OPTIMIZER_KEY)
+            state.setdefault(position[name], {})[key] = value
+        group = {k: v for k, v in local["param_groups"][0].items() if k != "params"}
+        group["params"] = list(range(len(self.full_names)))
+        return {"state": dict(sorted(state.items())), "param_groups": [group]}
+
+    def _load_full_optimizer(self, state: dict[str, Any]) -> None:
+        """This rank's share of an optimizer state in `local`'s layout."""
+        saved_groups = state["param_groups"]
+        if len(saved_groups) != 1 or len(saved_groups[0]["params"]) != len(self.full_names):
+            raise ShoalError(
+                "the checkpoint's optimizer state is not of this model's "
+                f"{len(self.full_names)} parameters in one group; resume it with the strategy "
+                "that wrote it"
+            )
+        position = {name: i for i, name in enumerate(self.full_names)}
+        mine = {
+            index: state["state"][position[name]]
+            for index, name in enumerate(self.local_names)
+            if position[name] in state["state"]
+        }
+        group = {k: v for k, v in saved_groups[0].items() if k != "params"}
+        group["params"] = list(range(len(self.local_names)))
+        self._load_optimizer({"state": mine, "param_groups": [group]})
+
+
+def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
+    """Parameters, their gradients (as many bytes) and the optimizer's state tensors; the
+    optimizer's state counted as the kind allocates it at its first step."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    group = optimizer.param_groups[0]
+    slots = {"Adam": 2, "AdamW": 2, "Adagrad": 1}.get(type(optimizer).__name__)
+    if slots is None:  # SGD: a momentum buffer if it has momentum
+        slots = 1 if group.get("momentum") else 0
+    return params * (2 + slots)
+
+
+class PipelineRecord(LocalModel):
+    """The model of record: the full model, brought up to date from the stages before
+    anyone sees it."""
+
+    def __init__(self, ctx: WorkerContext, learner: StageLearner) -> None:
+        super().__init__(ctx, learner.full)
+        self.learner = learner
+
+    @property
+    def model(self) -> nn.Module:
+        self.learner.refresh()
+        return self._model
+
+    def validated(self, best: bool) -> None:
+        self.learner.refresh()
+        super().validated(best)

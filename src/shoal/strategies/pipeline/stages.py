@@ -1,0 +1,108 @@
+"""Stages and schedules of one pipeline dimension, over a process group given to them.
+
+Everything here takes the pipeline's process group and this rank's place in it,
+never the world: the pipeline strategy passes the world, a hybrid mesh passes
+its pipeline dimension's group. The runtime is torch's
+(`torch.distributed.pipelining`): shoal only says which blocks each stage holds
+and which schedule runs them.
+
+Placement is torch's loop placement: with `ranks` ranks and `local` stages per
+rank, rank r holds stages r, r + ranks, r + 2 ranks, ... (the layout
+ScheduleInterleaved1F1B expects; with one stage per rank, stage r on rank r).
+
+Gradients are not scaled by the schedule (`scale_grads=False`): the loss each
+micro-batch returns is already its sum divided by the global batch, so the
+micro-batches' gradients add up to the whole batch's, as under `local`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.pipelining import (
+    PipelineStage,
+    Schedule1F1B,
+    ScheduleGPipe,
+    ScheduleInterleaved1F1B,
+)
+
+from shoal.strategies.pipeline.partition import Partition
+
+
+def stage_indices(group_rank: int, ranks: int, local: int) -> list[int]:
+    """The stages rank `group_rank` holds (loop placement)."""
+    return [group_rank + k * ranks for k in range(local)]
+
+
+def rank_of_stage(stage: int, ranks: int) -> int:
+    return stage % ranks
+
+
+@dataclass
+class PipelinePlace:
+    """This rank's part of one pipeline: its stages, their modules and torch's stage objects."""
+
+    indices: list[int]  # stage indices held here, ascending
+    modules: list[nn.Module]  # the stage models (sharing the full model's modules)
+    stages: list[PipelineStage]
+    total: int  # stages in the pipeline
+
+    @property
+    def has_first(self) -> bool:
+        return self.indices[0] == 0
+
+    @property
+    def has_last(self) -> bool:
+        return self.indices[-1] == self.total - 1
+
+
+def build_stages(
+    model: Any,
+    partition: Partition,
+    group: dist.ProcessGroup | None,
+    group_rank: int,
+    ranks: int,
+    device: torch.device,
+) -> PipelinePlace:
+    """This rank's stages of `model` (anything with `stage(first, last)`, e.g. the lm)."""
+    total = len(partition)
+    if total % ranks:
+        raise ValueError(f"{total} stages do not spread evenly over {ranks} ranks")
+    indices = stage_indices(group_rank, ranks, total // ranks)
+    modules = [model.stage(*partition[i]) for i in indices]
+    stages = [
+        PipelineStage(module, index, total, device, group=group)
+        for module, index in zip(modules, indices, strict=True)
+    ]
+    return PipelinePlace(indices, modules, stages, total)
+
+
+def build_schedule(
+    kind: str,
+    place: PipelinePlace,
+    microbatches: int,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
+) -> Any:
+    """torch's schedule `kind` ("gpipe" | "1f1b" | "interleaved_1f1b") over this rank's stages."""
+    if kind == "interleaved_1f1b":
+        return ScheduleInterleaved1F1B(
+            place.stages, microbatches, loss_fn=loss_fn, scale_grads=False
+        )
+    if len(place.stages) != 1:
+        raise ValueError(f"schedule {kind} runs one stage per rank, this rank has {place.indices}")
+    single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[kind]
+    return single(place.stages[0], microbatches, loss_fn=loss_fn, scale_grads=False)
+
+
+def bubble_theory(kind: str, ranks: int, microbatches: int, local: int = 1) -> float:
+    """The idle share of a step the schedule cannot avoid, with equal stages and free
+    communication: (p - 1) / (m + p - 1) for GPipe and 1F1B (Huang et al., 2019;
+    Narayanan et al., 2021); interleaving v stages per rank divides the fill and drain by
+    v: (p - 1) / (v m + p - 1)."""
+    v = local if kind == "interleaved_1f1b" else 1
+    return (ranks - 1) / (v * microbatches + ranks - 1)

@@ -1,0 +1,240 @@
+"""`pipeline`: the model's blocks cut into stages, one rank each, micro-batches through them.
+
+The job is the step loop under the one driver (`training/steps.py`), with the
+pipeline's collaborators: the learner is a :class:`StageLearner` (this rank's
+stages under torch's schedule), the model of record the full model brought up
+to date from the stages (:class:`PipelineRecord`), and results.json gets a
+`pipeline` section (partition, measured shares, bubble, per-rank time and memory).
+
+The partition is the config's, or the balanced one: every rank times each
+block on the first `balance_batches` training batches (`profile.py`), the ranks
+average their measurements (every rank then holds the same numbers) and the
+exact linear partition of them is taken (`partition.py`), logged with each
+stage's measured share.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, ClassVar
+
+from torch import nn
+
+from shoal.config.base import FieldError
+from shoal.config.root import ShoalConfig
+from shoal.errors import ShoalError
+from shoal.runtime.collectives import gather_bytes
+from shoal.runtime.roles import RankRoles
+from shoal.strategies.base import Strategy
+from shoal.strategies.pipeline.config import PipelineStrategyConfig, check_partitions
+from shoal.strategies.pipeline.learner import PipelineRecord, PipelineSync, StageLearner
+from shoal.strategies.pipeline.partition import (
+    Partition,
+    balanced_partition,
+    describe_partition,
+    stage_costs,
+)
+from shoal.strategies.pipeline.profile import BlockCosts, profile_blocks
+from shoal.strategies.pipeline.stages import PipelinePlace, build_schedule, build_stages
+from shoal.tasks.base import Task
+from shoal.training.batching import EpochPlan
+from shoal.training.contracts import GradientSync
+from shoal.training.driver import Driver
+from shoal.training.learner import Learner
+from shoal.training.precision import Precision
+from shoal.training.state import TrainProgress
+from shoal.training.steps import StepCollaborators, StepLoop
+
+
+class PipelineStrategy(Strategy):
+    """Pipeline parallelism over every rank (one pipeline, world = stages)."""
+
+    config_class: ClassVar[type[PipelineStrategyConfig]] = PipelineStrategyConfig
+    workers_field: ClassVar[str | None] = "stages"
+    # how the model is cut and scheduled changes neither the maths nor the saved state
+    resume_safe: ClassVar[tuple[str, ...]] = (
+        "partitions",
+        "balance",
+        "balance_batches",
+        "schedule",
+        "microbatches",
+        "virtual_stages",
+    )
+
+    task: Task
+    place: PipelinePlace
+    sync: PipelineSync
+    learner: StageLearner
+    partition: Partition
+    shares: list[float] | None = None
+    costs: BlockCosts | None = None
+
+    @property
+    def config(self) -> PipelineStrategyConfig:
+        config = self.ctx.config.strategy
+        assert isinstance(config, PipelineStrategyConfig)
+        return config
+
+    @classmethod
+    def world_size(cls, config: ShoalConfig) -> int:
+        assert isinstance(config.strategy, PipelineStrategyConfig)
+        return config.strategy.stages
+
+    def make_roles(self) -> RankRoles:
+        world = self.ctx.world_size
+        return RankRoles(world, tuple(range(world)), dims={"pipeline": world})
+
+    def run(self, task: Task) -> dict[str, Any]:
+        self.task = task
+        collaborators = StepCollaborators(
+            make_learner=self._learner,
+            model_of_record=lambda learner, _progress: PipelineRecord(self.ctx, self.learner),
+            section=self._section,
+        )
+        loop = StepLoop(self.ctx, task, self, collaborators)
+        return Driver(self.ctx, task, loop, self.describe()).run()
+
+    # ------------------------------------------------------------ building
+    def attach(self, model: nn.Module) -> GradientSync:
+        """Cut `model` (the full model, the same on every rank) into this rank's stages."""
+        ctx, config = self.ctx, self.config
+        blocks = getattr(model, "blocks", None)
+        if not hasattr(model, "stage") or not isinstance(blocks, nn.ModuleDict):
+            raise ShoalError(
+                f"strategy pipeline: the {ctx.config.task.type} task's model cannot be cut into "
+                "stages (it needs `blocks` and `stage(first, last)`, as the lm task's has); "
+                'use [task] type = "lm" or another strategy'
+            )
+        self._check_batches()
+        self.partition = self._partition(model, len(blocks))
+        self.place = build_stages(
+            model, self.partition, None, ctx.rank, ctx.world_size, ctx.device
+        )
+        named = {id(p): n for n, p in model.named_parameters()}
+        local = [(named[id(p)], p) for m in self.place.modules for p in m.parameters()]
+        self.sync = PipelineSync(ctx, local, self.place)
+        return self.sync
+
+    def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
+        config = self.config
+
+        def schedule(loss_fn: Any) -> Any:
+            return build_schedule(config.schedule, self.place, config.microbatches, loss_fn)
+
+        self.learner = StageLearner(
+            self.task, model, self.place, self.sync, self.ctx.config.train, total_steps, schedule
+        )
+        return self.learner
+
+    def _check_batches(self) -> None:
+        """Every step's batch must cut into equal micro-batches (the stages' message shapes
+        are fixed at the first step)."""
+        train, size = self.ctx.config.train, self.task.train_size
+        short = size % train.batch_size
+        if short and not train.drop_last and size > train.batch_size:
+            raise ShoalError(
+                f"train.drop_last: the last batch of each epoch has {short} of the "
+                f"{size} samples, not train.batch_size ({train.batch_size}), and a pipeline's "
+                "micro-batches keep one shape; set train.drop_last = true"
+            )
+        if size < train.batch_size:
+            raise ShoalError(
+                f"train.batch_size ({train.batch_size}) exceeds the {size} training samples; "
+                "a pipeline needs whole batches: lower it"
+            )
+
+    def _partition(self, model: nn.Module, blocks: int) -> Partition:
+        config, ctx = self.config, self.ctx
+        total = config.total_stages
+        if total > blocks:
+            raise ShoalError(
+                f"strategy.stages: {total} stages need at least as many blocks; the model has "
+                f"{blocks}: use fewer stages"
+            )
+        if config.partitions is not None:
+            try:
+                check_partitions(config.partitions, total, blocks)
+            except FieldError as error:
+                raise ShoalError(f"strategy.partitions: {error}") from None
+            partition = [(int(a), int(b)) for a, b in config.partitions]
+            if ctx.is_main:
+                ctx.log.info("pipeline partition (given): %s", describe_partition(partition))
+            return partition
+        self.costs = self._measure(model, blocks)
+        costs = self.costs.costs(config.balance)
+        partition = balanced_partition(costs, total)
+        whole = sum(costs) or 1.0
+        self.shares = [c / whole for c in stage_costs(costs, partition)]
+        if ctx.is_main:
+            ctx.log.info(
+                "pipeline partition balanced by measured %s over %d batches: %s; per block: "
+                "%s ms forward + backward, %s MiB",
+                config.balance,
+                config.balance_batches,
+                describe_partition(partition, self.shares),
+                ", ".join(f"{1e3 * s:.2f}" for s in self.costs.seconds),
+                ", ".join(f"{m / 2**20:.2f}" for m in self.costs.memory_bytes),
+            )
+        return partition
+
+    def _measure(self, model: nn.Module, blocks: int) -> BlockCosts:
+        """Every rank times the blocks; the mean over ranks is what every rank uses."""
+        ctx, task, train = self.ctx, self.task, self.ctx.config.train
+        plan = EpochPlan(
+            task.train_size, train.batch_size, 0, train.seed, train.shuffle, train.drop_last
+        )
+        task.set_epoch(0)
+        count = min(self.config.balance_batches, plan.num_steps)
+        batches = [
+            task.pipeline_batch(task.train_batch(plan.global_batch(i)))  # type: ignore[attr-defined]
+            for i in range(count)
+        ]
+
+        def loss(output: Any, targets: Any) -> Any:
+            return task.pipeline_loss(output, targets).loss_sum / train.batch_size  # type: ignore[attr-defined]
+
+        precision = Precision(train.mixed_precision, ctx.device)
+        mine = profile_blocks(model, blocks, batches, loss, _state_factor(train), precision.autocast)
+        ranks = [
+            json.loads(b)
+            for b in gather_bytes(ctx, json.dumps(mine.__dict__).encode())
+        ]
+        return BlockCosts(
+            [sum(r["seconds"][i] for r in ranks) / len(ranks) for i in range(blocks)],
+            mine.state_bytes,
+            [max(r["activation_bytes"][i] for r in ranks) for i in range(blocks)],
+        )
+
+    # ------------------------------------------------------------ results
+    def _section(self, _progress: TrainProgress) -> dict[str, Any]:
+        config = self.config
+        section: dict[str, Any] = {
+            "schedule": config.schedule,
+            "microbatches": config.microbatches,
+            "virtual_stages": config.local_stages,
+            "partition": [list(p) for p in self.partition],
+            "balanced_by": None if config.partitions is not None else config.balance,
+        }
+        if self.shares is not None and self.costs is not None:
+            section["shares"] = self.shares
+            section["block_seconds"] = self.costs.seconds
+            section["block_memory_bytes"] = self.costs.memory_bytes
+        section.update(self.sync.summary())
+        return {"pipeline": section}
+
+    def describe(self) -> str:
+        config = self.config
+        local = f", {config.local_stages} stages a rank" if config.local_stages > 1 else ""
+        return (
+            f"pipeline x{self.ctx.world_size} ({config.schedule}, {config.microbatches} "
+            f"micro-batches{local})"
+        )
+
+
+def _state_factor(train: Any) -> float:
+    """Bytes of parameter + gradient + optimizer state per parameter byte."""
+    kind = train.optimizer.kind
+    slots = 2 if kind in ("adam", "adamw") else 1 if kind == "adagrad" else 0
+    if kind == "sgd" and getattr(train.optimizer, "momentum", 0):
+        slots = 1
+    return 2.0 + slots
