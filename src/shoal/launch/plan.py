@@ -87,7 +87,8 @@ def plan_job(
     cls = strategy_class(config.strategy)
     cls.check(config)
     if checkpoint is not None:  # the bytes are verified where they are read, by the workers
-        changes = resume_changes(checkpoint, read_meta(checkpoint), config)
+        rules = cls.resume_rules(config)
+        changes = resume_changes(checkpoint, read_meta(checkpoint), config, rules)
         refuse_changes(changes, checkpoint, allow_changes)
     world_size = cls.world_size(config)
     name = config.run.name or default_run_name(source)
