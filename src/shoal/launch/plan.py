@@ -4,7 +4,7 @@ The CLI and the Python API share this, so `shoal train` and `shoal.train()`
 accept and reject exactly the same things. Planning writes nothing: a resume's
 config (the run's config.toml with `--set` and `--workers` applied) is checked
 against what its checkpoint holds (checkpoint/changes.py) and only becomes the
-run's config.toml once the resumed run has written something (run/attempt.py),
+run's config.toml once the resumed run has written something (checkpoint/attempt.py),
 so a resume that fails leaves the run as it was.
 """
 
