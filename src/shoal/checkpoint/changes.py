@@ -106,6 +106,9 @@ class ResumeRules:
 
     safe: tuple[str, ...] = ROOT_SAFE
     incompatible: tuple[str, ...] = ROOT_INCOMPATIBLE
+    #: strategy types whose checkpoints load under this one (the same parts in the same
+    #: layout): a change of `strategy.type` from one of them is safe, from others refused
+    strategy_types: tuple[str, ...] = ()
 
     def adding(
         self, prefix: str, safe: tuple[str, ...], incompatible: tuple[str, ...]
@@ -114,7 +117,13 @@ class ResumeRules:
         return ResumeRules(
             self.safe + tuple(f"{prefix}.{p}" for p in safe),
             self.incompatible + tuple(f"{prefix}.{p}" for p in incompatible),
+            self.strategy_types,
         )
+
+    def classify(self, field: str, saved: Any) -> str:
+        if field == "strategy.type" and saved in self.strategy_types:
+            return SAFE
+        return classify(field, self.safe, self.incompatible)
 
 
 def classify(field: str, safe: tuple[str, ...], incompatible: tuple[str, ...]) -> str:
@@ -165,7 +174,7 @@ def resume_changes(
     files_now = data_fingerprint(config) if saved_files is not None else {}
     changes: list[Change] = []
     for field, (before, after) in _differences(saved, asked).items():
-        kind = classify(field, safe, incompatible)
+        kind = rules.classify(field, before)
         if saved_files and field in saved_files and saved_files[field] == files_now.get(field):
             kind = SAFE  # the same file, moved
         changes.append(Change(field, _show(before), _show(after), kind))

@@ -235,7 +235,7 @@ class LocalLauncher:
                 since = self._stopped_since.setdefault(rank, now)
                 if now - since >= STOPPED_AFTER_S:
                     return (
-                        f"rank {rank} is stopped (process {worker.process.pid} in state "
+                        f"{self._who(rank)} is stopped (process {worker.process.pid} in state "
                         f"{state}: SIGSTOP, Ctrl-Z or a debugger) and the job cannot go on "
                         f"without it; it last reported {last}, other ranks up to step {ahead}; "
                         f"{self._see(rank)}"
@@ -246,14 +246,14 @@ class LocalLauncher:
             if beat is None:
                 if running_for > faults.start_timeout_s:
                     return (
-                        f"rank {rank} did not start within {faults.start_timeout_s:g} s "
+                        f"{self._who(rank)} did not start within {faults.start_timeout_s:g} s "
                         f"(faults.start_timeout_s){self.reader.tampering(rank)}; {self._see(rank)}"
                     )
                 continue
             silent = time.time() - beat[0]
             if silent > faults.heartbeat_timeout_s:
                 return (
-                    f"rank {rank} stopped responding: no heartbeat for {silent:.0f} s "
+                    f"{self._who(rank)} stopped responding: no heartbeat for {silent:.0f} s "
                     f"(faults.heartbeat_timeout_s = {faults.heartbeat_timeout_s:g}); it last "
                     f"reported {last}, other ranks up to step {ahead}"
                     f"{self.reader.tampering(rank)}; {self._see(rank)}"
@@ -340,13 +340,21 @@ class LocalLauncher:
             if report.get("communication_error") and silent_peers:
                 listed = ", ".join(map(str, silent_peers))
                 what += f"; rank {listed} had not failed but stopped answering"
-            return JobFailed(f"rank {culprit.rank} failed{where}: {what} ({log})")
+            return JobFailed(f"{self._who(culprit.rank)} failed{where}: {what} ({log})")
         if code is not None and code < 0:
             name = signal.Signals(-code).name
-            return JobFailed(f"rank {culprit.rank} was killed by {name}{where} ({log})")
+            return JobFailed(f"{self._who(culprit.rank)} was killed by {name}{where} ({log})")
         return JobFailed(
-            f"rank {culprit.rank} exited with code {code} without an error report{where} ({log})"
+            f"{self._who(culprit.rank)} exited with code {code} without an error report{where} "
+            f"({log})"
         )
+
+    def _who(self, rank: int) -> str:
+        """A rank as failure messages name it: with its role where the strategy has roles
+        (a pipeline's stage)."""
+        from shoal.strategies.registry import strategy_class  # strategies import the launch
+
+        return strategy_class(self.config.strategy).describe_rank(self.config, rank)
 
     def _kill(self) -> None:
         """End every worker still running, at once.

@@ -120,7 +120,9 @@ def share_tensors(
     for src in range(ctx.world_size):
         header = None
         if ctx.rank == src:
-            entries = [[n, str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in mine.items()]
+            entries = [
+                [n, str(t.dtype).removeprefix("torch."), list(t.shape)] for n, t in mine.items()
+            ]
             header = json.dumps(entries).encode()
         entries = json.loads(broadcast_bytes(ctx, header, src=src))
         for dtype_name in sorted({e[1] for e in entries}):

@@ -55,6 +55,9 @@ class Strategy(ABC):
     #: `[strategy]` fields whose change the saved state cannot load into: always refused.
     #: Any field in neither list changes the problem and needs --allow-changes.
     resume_incompatible: ClassVar[tuple[str, ...]] = ()
+    #: other strategy types whose checkpoints this one resumes from (the model and the
+    #: optimizer saved whole, in the full model's layout); a resume logs the switch
+    resumes_from: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
@@ -82,6 +85,11 @@ class Strategy(ABC):
             f"--workers {workers}: strategy '{name}' runs one process; set "
             '[strategy] type = "data_parallel" to train on several workers'
         )
+
+    @classmethod
+    def describe_rank(cls, config: ShoalConfig, rank: int) -> str:
+        """How the launcher's failure messages name `rank` (a pipeline adds its stage)."""
+        return f"rank {rank}"
 
     @classmethod
     def check(cls, config: ShoalConfig) -> None:
@@ -123,7 +131,7 @@ class Strategy(ABC):
         workers = (cls.workers_field,) if cls.workers_field is not None else ()
         task = task_class(config.task)
         return (
-            ResumeRules()
+            ResumeRules(strategy_types=cls.resumes_from)
             .adding(sections["strategy"], cls.resume_safe + workers, cls.resume_incompatible)
             .adding(sections["task"], task.resume_safe, task.resume_incompatible)
         )

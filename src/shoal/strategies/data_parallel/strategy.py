@@ -43,6 +43,8 @@ class DataParallelStrategy(Strategy):
 
     workers_field: ClassVar[str | None] = "num_replicas"
     resume_safe: ClassVar[tuple[str, ...]] = ("bucket_cap_mb",)
+    #: a pipeline saves the whole model and one optimizer state in this layout
+    resumes_from: ClassVar[tuple[str, ...]] = ("pipeline",)
 
     @property
     def config(self) -> DataParallelStrategyConfig:

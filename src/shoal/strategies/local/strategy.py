@@ -18,5 +18,8 @@ class LocalStrategy(Strategy):
 
     in_process: ClassVar[bool] = True
 
+    #: a pipeline saves the whole model and one optimizer state in this layout
+    resumes_from: ClassVar[tuple[str, ...]] = ("pipeline",)
+
     def attach(self, model: nn.Module) -> GradientSync:
         return LocalGradientSync(model)

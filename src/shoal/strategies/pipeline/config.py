@@ -96,8 +96,10 @@ class PipelineStrategyConfig(StrategySection):
         train = config.train
         blocks = model_blocks(config)
         total = self.total_stages
-        counted = f"{total} stages" if self.local_stages == 1 else (
-            f"{total} stages ({self.stages} ranks x {self.local_stages} virtual stages)"
+        counted = (
+            f"{total} stages"
+            if self.local_stages == 1
+            else (f"{total} stages ({self.stages} ranks x {self.local_stages} virtual stages)")
         )
         if blocks is not None and total > blocks:
             raise FieldError(

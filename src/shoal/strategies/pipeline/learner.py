@@ -40,14 +40,19 @@ from shoal.config.train import TrainConfig
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
+from shoal.strategies.pipeline.measure import StageClock, gather_figures, peak_memory_bytes
+from shoal.strategies.pipeline.stages import (
+    PipelinePlace,
+    bubble_theory,
+    describe_stage_rank,
+    stage_indices,
+)
 from shoal.tasks.base import LossOutput, Task
 from shoal.training.contracts import GradientSync
 from shoal.training.learner import Learner
 from shoal.training.meter import StepStats
 from shoal.training.nonfinite import agree_on_nonfinite, nonfinite_names
 from shoal.training.steps import LocalModel
-from shoal.strategies.pipeline.measure import StageClock, gather_figures, peak_memory_bytes
-from shoal.strategies.pipeline.stages import PipelinePlace, bubble_theory, stage_indices
 
 OPTIMIZER_KEY = "\t"  # between a parameter's name and its optimizer state's key
 
@@ -91,9 +96,7 @@ class PipelineSync(GradientSync):
         return agree_on_nonfinite(self._nonfinite, self.ctx.device)
 
     def describe_rank(self, rank: int) -> str:
-        held = stage_indices(rank, self.ranks, self.local)
-        word = "stage" if len(held) == 1 else "stages"
-        return f"rank {rank}, pipeline {word} {', '.join(map(str, held))}"
+        return describe_stage_rank(rank, self.ranks, self.local)
 
     def interval_metrics(self) -> dict[str, float]:
         """Collective: the interval's bubble (mean over ranks) beside the schedule's theory,
@@ -238,9 +241,7 @@ class StageLearner(Learner):
         square = torch.zeros((), dtype=torch.float64)
         for grad in grads:
             square += torch.linalg.vector_norm(grad, 2).double().cpu() ** 2
-        total = torch.tensor(
-            [float(square)], dtype=torch.float64, device=self.ctx.comm_device
-        )
+        total = torch.tensor([float(square)], dtype=torch.float64, device=self.ctx.comm_device)
         if self.ctx.distributed and self.ctx.world_size > 1:
             torch.distributed.all_reduce(total)
         norm = total.sqrt().to(torch.float32).reshape(()).to(self.device)

@@ -72,11 +72,12 @@ def profile_blocks(
                 x_in = x.detach().requires_grad_() if x.is_floating_point() else x
                 saved: dict[int, int] = {}
                 started = time.perf_counter()
-                with torch.autograd.graph.saved_tensors_hooks(_count_into(saved, weights), _unpack):
-                    with autocast():
-                        out = stage(x_in)
-                        if index == blocks - 1:
-                            out = loss_fn(out, targets)
+                pack = _count_into(saved, weights)
+                hooks = torch.autograd.graph.saved_tensors_hooks(pack, _unpack)
+                with hooks, autocast():
+                    out = stage(x_in)
+                    if index == blocks - 1:
+                        out = loss_fn(out, targets)
                 if out.dim() == 0:
                     out.backward()
                 else:
@@ -96,9 +97,7 @@ def profile_blocks(
     return BlockCosts([statistics.median(s) for s in seconds], state, activations)
 
 
-def _count_into(
-    saved: dict[int, int], weights: set[int]
-) -> Callable[[torch.Tensor], torch.Tensor]:
+def _count_into(saved: dict[int, int], weights: set[int]) -> Callable[[torch.Tensor], torch.Tensor]:
     """A pack hook that records each saved storage's size, parameters excepted."""
 
     def pack(tensor: torch.Tensor) -> torch.Tensor:

@@ -39,8 +39,11 @@ def stage_indices(group_rank: int, ranks: int, local: int) -> list[int]:
     return [group_rank + k * ranks for k in range(local)]
 
 
-def rank_of_stage(stage: int, ranks: int) -> int:
-    return stage % ranks
+def describe_stage_rank(rank: int, ranks: int, local: int) -> str:
+    """'rank 1 (pipeline stage 1)', 'rank 0 (pipeline stages 0, 2)'."""
+    held = stage_indices(rank, ranks, local)
+    word = "stage" if len(held) == 1 else "stages"
+    return f"rank {rank} (pipeline {word} {', '.join(map(str, held))})"
 
 
 @dataclass
@@ -90,9 +93,8 @@ def build_schedule(
 ) -> Any:
     """torch's schedule `kind` ("gpipe" | "1f1b" | "interleaved_1f1b") over this rank's stages."""
     if kind == "interleaved_1f1b":
-        return ScheduleInterleaved1F1B(
-            place.stages, microbatches, loss_fn=loss_fn, scale_grads=False
-        )
+        stages: list[Any] = list(place.stages)
+        return ScheduleInterleaved1F1B(stages, microbatches, loss_fn=loss_fn, scale_grads=False)
     if len(place.stages) != 1:
         raise ValueError(f"schedule {kind} runs one stage per rank, this rank has {place.indices}")
     single = {"gpipe": ScheduleGPipe, "1f1b": Schedule1F1B}[kind]

@@ -35,11 +35,15 @@ from shoal.strategies.pipeline.partition import (
     stage_costs,
 )
 from shoal.strategies.pipeline.profile import BlockCosts, profile_blocks
-from shoal.strategies.pipeline.stages import PipelinePlace, build_schedule, build_stages
+from shoal.strategies.pipeline.stages import (
+    PipelinePlace,
+    build_schedule,
+    build_stages,
+    describe_stage_rank,
+)
 from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan
 from shoal.training.contracts import GradientSync
-from shoal.training.driver import Driver
 from shoal.training.learner import Learner
 from shoal.training.precision import Precision
 from shoal.training.state import TrainProgress
@@ -60,6 +64,8 @@ class PipelineStrategy(Strategy):
         "microbatches",
         "virtual_stages",
     )
+    #: their checkpoints hold the whole model and one optimizer state, as this one's do
+    resumes_from: ClassVar[tuple[str, ...]] = ("local", "data_parallel")
 
     task: Task
     place: PipelinePlace
@@ -80,6 +86,11 @@ class PipelineStrategy(Strategy):
         assert isinstance(config.strategy, PipelineStrategyConfig)
         return config.strategy.stages
 
+    @classmethod
+    def describe_rank(cls, config: ShoalConfig, rank: int) -> str:
+        assert isinstance(config.strategy, PipelineStrategyConfig)
+        return describe_stage_rank(rank, config.strategy.stages, config.strategy.local_stages)
+
     def make_roles(self) -> RankRoles:
         world = self.ctx.world_size
         return RankRoles(world, tuple(range(world)), dims={"pipeline": world})
@@ -91,13 +102,12 @@ class PipelineStrategy(Strategy):
             model_of_record=lambda learner, _progress: PipelineRecord(self.ctx, self.learner),
             section=self._section,
         )
-        loop = StepLoop(self.ctx, task, self, collaborators)
-        return Driver(self.ctx, task, loop, self.describe()).run()
+        return self.drive(task, StepLoop(self.ctx, task, self, collaborators))
 
     # ------------------------------------------------------------ building
     def attach(self, model: nn.Module) -> GradientSync:
         """Cut `model` (the full model, the same on every rank) into this rank's stages."""
-        ctx, config = self.ctx, self.config
+        ctx = self.ctx
         blocks = getattr(model, "blocks", None)
         if not hasattr(model, "stage") or not isinstance(blocks, nn.ModuleDict):
             raise ShoalError(
@@ -107,9 +117,7 @@ class PipelineStrategy(Strategy):
             )
         self._check_batches()
         self.partition = self._partition(model, len(blocks))
-        self.place = build_stages(
-            model, self.partition, None, ctx.rank, ctx.world_size, ctx.device
-        )
+        self.place = build_stages(model, self.partition, None, ctx.rank, ctx.world_size, ctx.device)
         named = {id(p): n for n, p in model.named_parameters()}
         local = [(named[id(p)], p) for m in self.place.modules for p in m.parameters()]
         self.sync = PipelineSync(ctx, local, self.place)
@@ -194,11 +202,10 @@ class PipelineStrategy(Strategy):
             return task.pipeline_loss(output, targets).loss_sum / train.batch_size  # type: ignore[attr-defined]
 
         precision = Precision(train.mixed_precision, ctx.device)
-        mine = profile_blocks(model, blocks, batches, loss, _state_factor(train), precision.autocast)
-        ranks = [
-            json.loads(b)
-            for b in gather_bytes(ctx, json.dumps(mine.__dict__).encode())
-        ]
+        mine = profile_blocks(
+            model, blocks, batches, loss, _state_factor(train), precision.autocast
+        )
+        ranks = [json.loads(b) for b in gather_bytes(ctx, json.dumps(mine.__dict__).encode())]
         return BlockCosts(
             [sum(r["seconds"][i] for r in ranks) / len(ranks) for i in range(blocks)],
             mine.state_bytes,

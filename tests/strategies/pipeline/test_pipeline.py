@@ -1,0 +1,169 @@
+"""The pipeline strategy: each schedule trains what `local` trains; checkpoints move between
+partitions and strategies; a non-finite gradient, a dead or a hung rank is named with its stage.
+
+Two gloo ranks, a 4-block lm; AdamW with weight decay, clipping by the global norm,
+warm-up then cosine decay. Dropout is 0 where runs are compared with `local` (each
+stage draws dropout from its own rank's generator), and on (0.1) for the exact resume.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import shoal
+from shoal.errors import JobFailed, TrainingHalted
+from tests.conftest import final_state
+from tests.tasks.lm.helpers import lm_job, write_text
+
+MODEL = {"dim": 32, "heads": 4, "layers": 4, "context": 16}
+COMMON: dict[str, Any] = {
+    "train": {
+        "max_steps": 6,
+        "batch_size": 8,
+        "drop_last": True,
+        "warmup_steps": 2,
+        "lr_decay": "cosine",
+        "grad_clip_norm": 0.5,
+    },
+    "task": {"model": MODEL},
+    "monitor": {"log_every_steps": 3},
+}
+
+
+def pipeline(**fields: Any) -> dict[str, Any]:
+    return {"type": "pipeline", "stages": 2, "microbatches": 4, **fields}
+
+
+def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> None:
+    assert a.keys() == b.keys()
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return write_text(tmp_path_factory.mktemp("text"))
+
+
+@pytest.fixture(scope="module")
+def local_run(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    runs = tmp_path_factory.mktemp("local")
+    return shoal.train(lm_job(runs, corpus, **COMMON, run={"name": "local"}))
+
+
+@pytest.mark.parametrize(
+    ("schedule", "fields"),
+    [
+        ("gpipe", {}),
+        ("1f1b", {"partitions": [[0, 0], [1, 3]]}),
+        ("interleaved_1f1b", {"virtual_stages": 2}),
+    ],
+)
+def test_each_schedule_trains_what_local_trains(
+    schedule: str, fields: dict[str, Any], runs: Path, corpus: Path, local_run: dict[str, Any]
+) -> None:
+    """Parameters and AdamW's moments after 6 steps equal local's (1e-5); the bubble and the
+    partition are reported."""
+    strategy = pipeline(schedule=schedule, **fields)
+    result = shoal.train(lm_job(runs, corpus, **COMMON, strategy=strategy, run={"name": "pp"}))
+    mine, reference = final_state(result), final_state(local_run)
+    assert_same_model(mine["model"], reference["model"])
+    for index, state in reference["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(
+                mine["optimizer"]["state"][index][key], state[key], rtol=0, atol=1e-5
+            )
+    assert result["valid"]["loss"] == pytest.approx(local_run["valid"]["loss"], abs=1e-5)
+    assert result["train"]["loss"] == pytest.approx(local_run["train"]["loss"], abs=1e-5)
+    section = result["pipeline"]
+    p, m, v = 2, 4, 2 if schedule == "interleaved_1f1b" else 1
+    assert section["bubble"]["theory"] == pytest.approx((p - 1) / (v * m + p - 1))
+    assert 0 < section["bubble"]["measured"] < 1
+    assert [r["stages"] for r in section["ranks"]] == ([[0, 2], [1, 3]] if v == 2 else [[0], [1]])
+    assert all(r["compute_s"] > 0 and r["peak_mb"] > 0 for r in section["ranks"])
+    if "partitions" in fields:
+        assert section["partition"] == fields["partitions"] and section["balanced_by"] is None
+    else:  # balanced on measured time: every stage's share is logged
+        assert len(section["partition"]) == p * v and section["balanced_by"] == "time"
+        assert sum(section["shares"]) == pytest.approx(1.0)
+        log = (runs / "pp" / "logs" / "rank-0.log").read_text()
+        assert "pipeline partition balanced by measured time" in log
+    train = [
+        r
+        for r in map(json.loads, (runs / "pp" / "metrics.jsonl").read_text().splitlines())
+        if r["event"] == "train"
+    ]
+    assert len(train) == 2 and all("pipeline_bubble" in r and "rank1_idle_s" in r for r in train)
+
+
+def cut_run(runs: Path, corpus: Path, name: str, dropout: float = 0.0) -> Path:
+    """A pipeline run (1F1B, blocks 0 | 1-3) that dies at step 4; its newest checkpoint is
+    step 3's."""
+    common = {**COMMON, "task": {"model": {**MODEL, "dropout": dropout}}}
+    fault = {"inject": {"rank": 1, "step": 4, "kind": "raise"}}
+    with pytest.raises(JobFailed, match=r"rank 1 \(pipeline stage 1\) failed at step 4"):
+        shoal.train(
+            lm_job(
+                runs,
+                corpus,
+                **common,
+                strategy=pipeline(schedule="1f1b", partitions=[[0, 0], [1, 3]]),
+                checkpoint={"every_steps": 3},
+                faults=fault,
+                run={"name": name},
+            )
+        )
+    return runs / name
+
+
+def test_resume_at_the_same_partition_is_exact(runs: Path, corpus: Path) -> None:
+    """With dropout on: every rank's generator comes back, the run ends bit-identical."""
+    common = {**COMMON, "task": {"model": {**MODEL, "dropout": 0.1}}}
+    strategy = pipeline(schedule="1f1b", partitions=[[0, 0], [1, 3]])
+    full = shoal.train(lm_job(runs, corpus, **common, strategy=strategy, run={"name": "full"}))
+    resumed = shoal.train(resume=cut_run(runs, corpus, "cut", dropout=0.1))
+    a, b = final_state(resumed), final_state(full)
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in b["model"]), "bit-identical"
+    assert resumed["valid"] == full["valid"]
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["strategy.partitions=[[0, 2], [3, 3]]", "strategy.schedule=gpipe"],
+        # (local runs in this process, where a fault on rank 1 cannot be injected)
+        ['strategy={type = "local"}', "faults={}"],
+    ],
+    ids=["other-partition", "local"],
+)
+def test_a_pipeline_checkpoint_resumes_at_another_partition_or_under_local(
+    overrides: list[str], runs: Path, corpus: Path, local_run: dict[str, Any]
+) -> None:
+    """The step-3 checkpoint loads the same parameters and optimizer state at another
+    partition and schedule, or under local: the resumed run ends where local's 6 steps do."""
+    run = cut_run(runs, corpus, "cut")
+    saved = torch.load(run / "checkpoints" / "step-00000003" / "state.pt", weights_only=True)
+    assert saved["model"].keys() == final_state(local_run)["model"].keys(), "local's layout"
+    resumed = shoal.train(resume=run, overrides=overrides)
+    assert resumed["steps"] == 6
+    assert_same_model(final_state(resumed)["model"], final_state(local_run)["model"])
+    changed = "strategy.type" if "local" in overrides[0] else "strategy.partitions"
+    assert f"resuming with a change of {changed}" in (run / "logs" / "rank-0.log").read_text()
+
+
+def test_nonfinite_gradient_halts_naming_rank_stage_and_parameter(runs: Path, corpus: Path) -> None:
+    fault = {"inject": {"rank": 1, "step": 2, "kind": "nan"}}
+    strategy = pipeline(partitions=[[0, 1], [2, 3]])
+    with pytest.raises(TrainingHalted, match=r"rank 1 \(pipeline stage 1\) \(blocks\.2\.norm1"):
+        shoal.train(lm_job(runs, corpus, **COMMON, strategy=strategy, faults=fault))
+
+
+def test_a_hung_rank_ends_the_job_naming_it_and_its_stage(runs: Path, corpus: Path) -> None:
+    fault = {"inject": {"rank": 0, "step": 2, "kind": "hang"}, "heartbeat_timeout_s": 3}
+    with pytest.raises(JobFailed, match=r"rank 0 \(pipeline stage 0\) stopped responding"):
+        shoal.train(lm_job(runs, corpus, **COMMON, strategy=pipeline(), faults=fault))
