@@ -181,13 +181,17 @@ class StageLearner(Learner):
         train: TrainConfig,
         total_steps: int,
         make_schedule: Any,
+        microbatches: int,
     ) -> None:
         super().__init__(task, nn.ModuleList(place.modules), sync, train, total_steps)
         self.full, self.place, self.psync = full, place, sync
+        self.microbatches = microbatches
         self.ctx = sync.ctx
         self.schedule = make_schedule(self._loss)
         for stage in place.stages:
             sync.clock.wrap(stage)
+        for module in place.modules:  # forward in mixed precision, backward as autograd runs it
+            module.forward = self._in_precision(module.forward)  # type: ignore[method-assign]
         names = {id(p): n for n, p in full.named_parameters()}
         self.local_names = [names[id(p)] for p in self.model.parameters()]
         self.full_names = [n for n, _ in full.named_parameters()]
@@ -213,13 +217,14 @@ class StageLearner(Learner):
         target = targets if self.place.has_last else None
         clock = self.psync.clock
         started = time.perf_counter()
-        with self.precision.autocast():
-            self.schedule.step(*args, target=target, return_outputs=False)
+        self.schedule.step(*args, target=target, return_outputs=False)
         clock.step_s += time.perf_counter() - started
         clock.steps += 1
         loss_sum = torch.zeros((), device=self.device)
         sums: dict[str, torch.Tensor] = {}
-        for out in self._outputs:
+        # the schedule's first step also calls the loss once to learn the shapes of the
+        # gradients (on a placeholder batch): the last `microbatches` calls are the step's
+        for out in self._outputs[-self.microbatches :]:
             loss_sum += out.loss_sum.detach()
             for name, value in out.sums.items():
                 sums[name] = sums.get(name, 0) + value.detach()
@@ -228,11 +233,22 @@ class StageLearner(Learner):
     def _loss(self, output: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
         """The last stage's loss of one micro-batch, as the schedule backpropagates it."""
         started = time.perf_counter()
-        out: LossOutput = self.task.pipeline_loss(output, target)  # type: ignore[attr-defined]
+        with self.precision.autocast():
+            out: LossOutput = self.task.pipeline_loss(output, target)  # type: ignore[attr-defined]
         self._outputs.append(out)
         loss = out.loss_sum * self._scale
         self.psync.clock.compute_s += time.perf_counter() - started
         return loss
+
+    def _in_precision(self, forward: Any) -> Any:
+        """`forward` under the learner's autocast (as `local` runs its forward), leaving the
+        schedule's backward outside it (as `local`'s backward is)."""
+
+        def run(*args: Any, **kwargs: Any) -> Any:
+            with self.precision.autocast():
+                return forward(*args, **kwargs)
+
+        return run
 
     def clip(self, max_norm: float) -> None:
         """By the norm of the whole model's gradient: each rank's squared norm, summed over

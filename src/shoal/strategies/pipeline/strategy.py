@@ -130,7 +130,14 @@ class PipelineStrategy(Strategy):
             return build_schedule(config.schedule, self.place, config.microbatches, loss_fn)
 
         self.learner = StageLearner(
-            self.task, model, self.place, self.sync, self.ctx.config.train, total_steps, schedule
+            self.task,
+            model,
+            self.place,
+            self.sync,
+            self.ctx.config.train,
+            total_steps,
+            schedule,
+            config.microbatches,
         )
         return self.learner
 
