@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from shoal.comm.links import CommGroup
+from shoal.runtime.hosts import Hosts
 from shoal.strategies.parameter_server.client import RowClient
 from shoal.strategies.parameter_server.config import RowSGDConfig
 from shoal.strategies.parameter_server.endpoint import ServerEndpoint
@@ -35,6 +37,7 @@ OWNERS = {"entity": hash_owners(ENTITIES, SERVERS), "relation": hash_owners(RELA
 
 def _job(rank: int, world_size: int, mode: str, bound: int | None, out: str) -> None:
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
+    peers = CommGroup(rank, world_size, Hosts.single(world_size), 30.0, group)
     if rank >= WORKERS:  # a server
         server = rank - WORKERS
         optimizer = build_row_optimizer(RowSGDConfig(lr=LR))
@@ -45,9 +48,9 @@ def _job(rank: int, world_size: int, mode: str, bound: int | None, out: str) -> 
             ),
         }
         shard = ShardServer(server, SERVERS, WORKERS, tables, optimizer, mode, bound, BARRIER_S)
-        ServerEndpoint(shard, group, (WIDTH, WIDTH), 64, 30.0, logging.getLogger("test")).serve()
+        ServerEndpoint(shard, peers, (WIDTH, WIDTH), 64, logging.getLogger("test")).serve()
         return
-    links = [RemoteLink(s, WORKERS + s, group) for s in range(SERVERS)]
+    links = [RemoteLink(s, WORKERS + s, peers) for s in range(SERVERS)]
     client = RowClient(rank, links, OWNERS, (WIDTH, WIDTH), max_rows=16, timeout_s=30.0)
     ids = torch.arange(ENTITIES)  # more rows than one message carries: split by max_rows
     none = torch.zeros(0, dtype=torch.int64)

@@ -11,6 +11,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from shoal.comm.links import CommGroup
 from shoal.config.root import ShoalConfig
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
@@ -61,5 +62,9 @@ class FederatedStrategy(Strategy):
         return RankRoles.hosting(self.ctx.world_size, "client", self.config.num_clients)
 
     def run(self, task: Task) -> dict[str, Any]:
-        loop = FederatedLoop(self.ctx, task, self.config, self.roles, self.describe())
+        ctx = self.ctx
+        wire = CommGroup.create(
+            ctx.rank, ctx.world_size, ctx.hosts, ctx.config.faults.timeout_s, device=ctx.comm_device
+        )
+        loop = FederatedLoop(ctx, task, self.config, self.roles, wire, self.describe())
         return Driver(self.ctx, task, loop, self.describe()).run()

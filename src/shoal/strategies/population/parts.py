@@ -15,9 +15,9 @@ import json
 import time
 from typing import TYPE_CHECKING, Any
 
+from shoal.comm.codec import recv_tree, send_tree
 from shoal.errors import ShoalError
 from shoal.strategies.population.lineage import Generation
-from shoal.strategies.population.transfer import recv_tree, send_tree
 
 if TYPE_CHECKING:
     from shoal.strategies.population.loop import PopulationLoop
@@ -74,10 +74,12 @@ class Members:
             what = f"member {m}'s state for the checkpoint"
             if ctx.is_main:
                 states.append(
-                    loop.members[m].state_dict() if src == 0 else recv_tree(ctx, src, what)
+                    loop.members[m].state_dict()
+                    if src == 0
+                    else recv_tree(loop.peers, src, what, ctx.device, f"member {m}'s host")
                 )
             elif src == ctx.rank:
-                send_tree(ctx, loop.members[m].state_dict(), 0, what)
+                send_tree(loop.peers, loop.members[m].state_dict(), 0, what)
         loop.times["checkpoint"] += time.perf_counter() - started
         return states
 

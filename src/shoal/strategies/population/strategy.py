@@ -6,6 +6,7 @@ from typing import Any, ClassVar
 
 from torch import nn
 
+from shoal.comm.links import CommGroup
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError
 from shoal.runtime.roles import RankRoles
@@ -78,5 +79,9 @@ class PopulationStrategy(Strategy):
         return RankRoles.hosting(self.ctx.world_size, "member", size, items_field=field)
 
     def run(self, task: Task) -> dict[str, Any]:
-        loop = PopulationLoop(self.ctx, task, self.config, self.roles, self.describe())
+        ctx = self.ctx
+        peers = CommGroup.create(
+            ctx.rank, ctx.world_size, ctx.hosts, ctx.config.faults.timeout_s, device=ctx.comm_device
+        )
+        loop = PopulationLoop(ctx, task, self.config, self.roles, peers, self.describe())
         return Driver(self.ctx, task, loop, self.describe()).run()
