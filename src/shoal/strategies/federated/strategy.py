@@ -11,7 +11,6 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from shoal.comm.links import CommGroup
 from shoal.config.root import ShoalConfig
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
@@ -19,7 +18,6 @@ from shoal.strategies.federated.config import FederatedStrategyConfig
 from shoal.strategies.federated.loop import FederatedLoop
 from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync, LocalGradientSync
-from shoal.training.driver import Driver
 
 
 class FederatedStrategy(Strategy):
@@ -62,9 +60,7 @@ class FederatedStrategy(Strategy):
         return RankRoles.hosting(self.ctx.world_size, "client", self.config.num_clients)
 
     def run(self, task: Task) -> dict[str, Any]:
-        ctx = self.ctx
-        wire = CommGroup.create(
-            ctx.rank, ctx.world_size, ctx.hosts, ctx.config.faults.timeout_s, device=ctx.comm_device
+        loop = FederatedLoop(
+            self.ctx, task, self.config, self.roles, self.comm_group(), self.describe()
         )
-        loop = FederatedLoop(ctx, task, self.config, self.roles, wire, self.describe())
-        return Driver(self.ctx, task, loop, self.describe()).run()
+        return self.drive(task, loop)

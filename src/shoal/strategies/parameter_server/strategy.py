@@ -30,7 +30,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.comm.links import CommGroup
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError, ShoalError
 from shoal.runtime.collectives import all_reduce_sum
@@ -59,7 +58,6 @@ from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.task import KGETask
 from shoal.tasks.kge.training_types import unserved_reason
 from shoal.training.contracts import GradientSync
-from shoal.training.driver import Driver
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.steps import StepCollaborators, StepLoop
 
@@ -120,9 +118,7 @@ class ParameterServerStrategy(Strategy):
         ctx, config = self.ctx, self.config
         timeout = datetime.timedelta(seconds=ctx.config.faults.timeout_s)
         # collective: all ranks. A co-located server counts its own bytes (a view of its own)
-        self.peers = CommGroup.create(
-            ctx.rank, ctx.world_size, ctx.hosts, ctx.config.faults.timeout_s, backend="gloo"
-        )
+        self.peers = self.comm_group(backend="gloo")
         worker_ranks = list(self.roles.workers)
         workers_group = dist.new_group(ranks=worker_ranks, timeout=timeout)
         self.task = task
@@ -167,10 +163,12 @@ class ParameterServerStrategy(Strategy):
             ),
             files=lambda progress: [ShardFiles(worker_ctx, self.client, progress)],
             after_restore=self.resume_clock,
-            section=lambda progress: server_section(worker_ctx, self, progress),
+            section=lambda progress: server_section(
+                worker_ctx, self.client, self.describe(), self.config.mode, progress
+            ),
         )
         loop = StepLoop(worker_ctx, task, self, collaborators)
-        results = Driver(worker_ctx, task, loop, self.describe()).run()
+        results = self.drive(task, loop, worker_ctx)
         self.client.bye()
         if thread is not None:
             thread.join(timeout=ctx.config.faults.timeout_s)

@@ -6,7 +6,6 @@ from typing import Any, ClassVar
 
 from torch import nn
 
-from shoal.comm.links import CommGroup
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError
 from shoal.runtime.roles import RankRoles
@@ -17,7 +16,6 @@ from shoal.strategies.population.loop import PopulationLoop, resolve_metric
 from shoal.tasks.base import Task
 from shoal.tasks.registry import task_class as _task_class
 from shoal.training.contracts import GradientSync, LocalGradientSync
-from shoal.training.driver import Driver
 
 
 class PopulationStrategy(Strategy):
@@ -79,9 +77,7 @@ class PopulationStrategy(Strategy):
         return RankRoles.hosting(self.ctx.world_size, "member", size, items_field=field)
 
     def run(self, task: Task) -> dict[str, Any]:
-        ctx = self.ctx
-        peers = CommGroup.create(
-            ctx.rank, ctx.world_size, ctx.hosts, ctx.config.faults.timeout_s, device=ctx.comm_device
+        loop = PopulationLoop(
+            self.ctx, task, self.config, self.roles, self.comm_group(), self.describe()
         )
-        loop = PopulationLoop(ctx, task, self.config, self.roles, peers, self.describe())
-        return Driver(self.ctx, task, loop, self.describe()).run()
+        return self.drive(task, loop)
