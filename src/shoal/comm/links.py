@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import datetime
 import re
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -105,6 +106,8 @@ class CommGroup:
     audit: Audit | None = None
     sent_bytes: int = 0
     received_bytes: int = 0
+    #: counts may come from several threads (a server's per-rank receive threads)
+    _counting: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     @classmethod
     def create(
@@ -219,10 +222,11 @@ class CommGroup:
     # ------------------------------------------------------------ waiting
     def count(self, what: str, direction: str, tensor: torch.Tensor) -> None:
         """The one place bytes are counted (and, with an audit hook, recorded)."""
-        if direction == "sent":
-            self.sent_bytes += nbytes(tensor)
-        else:
-            self.received_bytes += nbytes(tensor)
+        with self._counting:
+            if direction == "sent":
+                self.sent_bytes += nbytes(tensor)
+            else:
+                self.received_bytes += nbytes(tensor)
         if self.audit is not None:
             self.audit(what, direction, tensor)
 

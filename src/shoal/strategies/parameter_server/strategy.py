@@ -117,8 +117,7 @@ class ParameterServerStrategy(Strategy):
             raise ShoalError("strategy parameter_server trains task type 'kge'")
         ctx, config = self.ctx, self.config
         timeout = datetime.timedelta(seconds=ctx.config.faults.timeout_s)
-        # collective: all ranks. A co-located server counts its own bytes (a view of its own)
-        self.peers = self.comm_group(backend="gloo")
+        self.peers = self.comm_group(backend="gloo")  # collective: all ranks
         worker_ranks = list(self.roles.workers)
         workers_group = dist.new_group(ranks=worker_ranks, timeout=timeout)
         self.task = task
@@ -223,6 +222,7 @@ class ParameterServerStrategy(Strategy):
 
         return ServerEndpoint(
             shard,
+            # a view of the group of its own: the server's bytes are not its worker's
             dataclasses.replace(self.peers, sent_bytes=0, received_bytes=0),
             widths,
             config.max_message_rows,

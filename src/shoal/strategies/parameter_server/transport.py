@@ -5,9 +5,10 @@ sends without an extra round trip), then sends its header and its payload (see
 `wire.py`), all through the servers' CommGroup (`comm/links.py`: every wait has
 a timeout, its error names the server, bytes are counted there). Messages
 between two ranks on one tag arrive in sending order, which is what pairs a
-header with its payload and a request with its reply; requests and replies
-each have their own tags, since a co-located rank sends both to the same peer. Each link numbers its
-messages 1, 2, 3, ... (`seq`); a reply names the request it answers.
+header with its payload and a request with its reply; requests and replies have
+tags of their own, since a co-located rank sends both to the same peer. Each
+link numbers its messages 1, 2, 3, ... (`seq`); a reply names the request it
+answers.
 
 With co-located servers a worker's requests to the server in its own process
 skip the network (:class:`LocalLink`, the same messages through queues). The
