@@ -28,9 +28,10 @@ peer, and is matched only by that peer's messages.
 Every wait has a deadline (`timeout_s`, from `timeout_field`), and its failure is
 one error, :class:`PeerTimeout`, whose message names the operation, this rank,
 the peer (with its role when the caller knows it: "server 2 (rank 3)") or the
-group, and the timeout field. Bytes are counted here, sent (when handed to a
-send) and received (when a receive completes), payload only; an `audit` hook,
-when set, sees every tensor that crosses (federated's `audit_wire`).
+group, and the timeout field. Bytes are counted here, payload only: sent when
+handed to a send, received when a receive completes (the size of the buffer it
+filled: a sender may send less, as a PS server's error reply does). An `audit`
+hook, when set, sees every tensor that crosses (federated's `audit_wire`).
 """
 
 from __future__ import annotations

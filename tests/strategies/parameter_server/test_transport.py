@@ -49,6 +49,7 @@ def _job(rank: int, world_size: int, mode: str, bound: int | None, out: str) -> 
         }
         shard = ShardServer(server, SERVERS, WORKERS, tables, optimizer, mode, bound, BARRIER_S)
         ServerEndpoint(shard, peers, (WIDTH, WIDTH), 64, logging.getLogger("test")).serve()
+        Path(out, f"server-{server}.json").write_text(json.dumps(peers.received_bytes))
         return
     links = [RemoteLink(s, WORKERS + s, peers) for s in range(SERVERS)]
     client = RowClient(rank, links, OWNERS, (WIDTH, WIDTH), max_rows=16, timeout_s=30.0)
@@ -78,6 +79,7 @@ def _job(rank: int, world_size: int, mode: str, bound: int | None, out: str) -> 
         stats = client.control(Op.STATS, STEPS, fresh=False)
         result["staleness"] = [s["staleness"] for s in stats]
     client.bye()
+    result["sent_bytes"] = client.sent_bytes()
     Path(out, f"worker-{rank}.json").write_text(json.dumps(result))
 
 
@@ -94,6 +96,10 @@ def test_modes_with_a_stalled_worker(
     assert ranks == list(range(WORKERS + SERVERS))
     fast = json.loads((tmp_path / "worker-0.json").read_text())
     assert fast["reached"] == reached
+    # every byte a worker sent was received, and counted, by a server (the peer layer)
+    sent = [json.loads((tmp_path / f"worker-{w}.json").read_text())["sent_bytes"] for w in (0, 1)]
+    received = [json.loads((tmp_path / f"server-{s}.json").read_text()) for s in (0, 1)]
+    assert min(sent) > 0 and sum(sent) == sum(received)
     staleness = [int(k) for hist in fast["staleness"] for k in hist]
     if mode == "async":
         assert "error" not in fast and fast["rows_ok"]
