@@ -234,19 +234,23 @@ class CommGroup:
     def _wait_group(self, work: dist.Work | None, what: str) -> None:
         """A collective's deadline: torch names no missing rank, so the group is named."""
         assert work is not None, f"rank {self.rank} is not in {what}'s group"
-        failure = (
-            f"{what}: rank {self.rank} waited {self.timeout_s:g} s ({self.timeout_field}) "
-            f"for the group of {self.world_size} ranks"
-        )
+
+        def failure() -> str:
+            return (
+                f"{what}: rank {self.rank} waited {self.timeout_s:g} s ({self.timeout_field}) "
+                f"for the group of {self.world_size} ranks"
+            )
+
         self.wait_work(work, failure, self.timeout_s)
 
-    def wait_work(self, work: dist.Work, failure: str, timeout_s: float) -> None:
+    def wait_work(self, work: dist.Work, failure: Callable[[], str], timeout_s: float) -> None:
+        """Wait for `work`; `failure()` words the error (built only when there is one)."""
         try:
             completed = work.wait(datetime.timedelta(seconds=timeout_s))
         except Exception as exc:
-            raise PeerTimeout(f"{failure}: {describe_failure(exc)}") from exc
+            raise PeerTimeout(f"{failure()}: {describe_failure(exc)}") from exc
         if completed is False:
-            raise PeerTimeout(f"{failure}: timed out")
+            raise PeerTimeout(f"{failure()}: timed out")
 
 
 @dataclass
@@ -267,9 +271,12 @@ class Transfer:
         if self.work is None:
             return
         links = self.links
-        peer = links.peer_name(self.peer, self.role)
         seconds = links.timeout_s if timeout_s is None else timeout_s
-        failure = links.failure(self.what, peer, self.direction, seconds)
+
+        def failure() -> str:
+            peer = links.peer_name(self.peer, self.role)
+            return links.failure(self.what, peer, self.direction, seconds)
+
         links.wait_work(self.work, failure, seconds)
         self.work = None
         if self.direction == "from":
