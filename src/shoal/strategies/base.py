@@ -15,6 +15,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import torch
 from pydantic import BaseModel
 from torch import nn
 
@@ -109,12 +110,12 @@ class Strategy(ABC):
 
     def comm_group(self, backend: str | None = None) -> CommGroup:
         """Collective (every rank, in the same order): a private group for this strategy's
-        messages, whose waits time out after `faults.timeout_s` (`comm/links.py`)."""
+        messages, whose waits time out after `faults.timeout_s` (`comm/links.py`). `backend`:
+        another than the job's (the parameter server's rows go over gloo, on the CPU)."""
         ctx = self.ctx
+        device = ctx.comm_device if backend is None else torch.device("cpu")
         timeout_s = ctx.config.faults.timeout_s
-        return CommGroup.create(
-            ctx.rank, ctx.world_size, ctx.hosts, timeout_s, backend, ctx.comm_device
-        )
+        return CommGroup.create(ctx.rank, ctx.world_size, ctx.hosts, timeout_s, backend, device)
 
     def drive(self, task: Task, loop: UnitLoop, ctx: WorkerContext | None = None) -> dict[str, Any]:
         """Run `loop` under the one driver (`ctx`: this rank's, or a role's own context)."""
