@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -27,6 +28,17 @@ class Peers(Protocol):
     def distributed(self) -> bool: ...
     @property
     def comm_device(self) -> torch.device: ...
+
+
+@dataclass
+class World:
+    """A `Peers` for collectives over the whole world before a WorkerContext exists (or
+    outside one): just who this process is."""
+
+    rank: int
+    world_size: int
+    comm_device: torch.device
+    distributed: bool = True
 
 
 def _group(ctx: Peers) -> Any:

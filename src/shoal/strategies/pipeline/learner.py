@@ -191,7 +191,7 @@ class StageLearner(Learner):
         for stage in place.stages:
             sync.clock.wrap(stage)
         for module in place.modules:  # forward in mixed precision, backward as autograd runs it
-            module.forward = self._in_precision(module.forward)  # type: ignore[method-assign]
+            module.forward = self._in_precision(module.forward)
         names = {id(p): n for n, p in full.named_parameters()}
         self.local_names = [names[id(p)] for p in self.model.parameters()]
         self.full_names = [n for n, _ in full.named_parameters()]
