@@ -32,10 +32,11 @@ def test_every_builtin_class_names_its_config(registry) -> None:  # type: ignore
 
 def test_unknown_names_list_the_registered_ones() -> None:
     with pytest.raises(PluginError) as caught:
-        STRATEGIES.get("pipeline")
+        STRATEGIES.get("zero_bubble")
     assert str(caught.value) == (
-        "unknown strategy 'pipeline'; registered: local, data_parallel, federated, "
-        "population_based, parameter_server (`shoal plugins` lists them with where each comes from)"
+        "unknown strategy 'zero_bubble'; registered: local, data_parallel, federated, "
+        "population_based, parameter_server, pipeline (`shoal plugins` lists them with where each "
+        "comes from)"
     )
 
 
