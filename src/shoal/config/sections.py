@@ -147,6 +147,23 @@ class FaultsConfig(ConfigModel):
         "come from a thread that keeps beating while the worker evaluates or writes a "
         "checkpoint (the longest gap measured: 1.01 s at a 1 s interval, writing 450 MB).",
     )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        description="Restart the job automatically this many times at most when a worker "
+        "dies, hangs or loses its peer (shoal's own launcher): the remaining workers are "
+        "stopped and a new set resumes from the newest verified checkpoint. 0: a failure "
+        "ends the job.",
+    )
+    restart_backoff_s: float = Field(
+        1.0,
+        ge=0,
+        description="Wait before a restart; doubled for each further restart in a row whose "
+        "attempt made no progress (reached no step beyond the state it resumed from).",
+    )
+    restart_backoff_max_s: float = Field(
+        30.0, ge=0, description="Longest wait before a restart (the doubling stops there)."
+    )
     inject: FaultInjection | None = Field(
         None, description="Fault injection for testing fault handling; leave unset in real runs."
     )

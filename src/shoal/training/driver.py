@@ -14,8 +14,10 @@ remaining evaluation and testing, and reports `"status": "stopped"`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -71,9 +73,12 @@ class Driver:
             self._time_base = self.progress.train_time_s
             self.reporter.start(self.progress.global_step)
             self.loop.start()
+            if ctx.heartbeat is not None:
+                ctx.heartbeat.state = "training"
             self._loop()
             if self.stopped is None:
-                self._test_and_save_artifacts()
+                with self._doing("evaluating"):
+                    self._test_and_save_artifacts()
         finally:
             self.reporter.close()
             self.metrics.close()
@@ -88,11 +93,13 @@ class Driver:
         every_epochs = ctx.config.checkpoint.every_epochs
         eval_epochs = ctx.config.train.eval_every_epochs
         per_unit = plan.steps_per_unit
+        first = bool(ctx.resume_from)  # a restart's first unit is reported at once
         while not (p.stopped_early or self.loop.done()):
             epoch_ended = self.loop.run_unit()
             self._sync_time()
             if ctx.heartbeat is not None:
-                ctx.heartbeat.beat(p.global_step)
+                ctx.heartbeat.beat(p.global_step, now=first)
+                first = False
             signum = self.loop.agree_stop()
             if signum:  # before the epoch's end: a resume then does what this run skips
                 self._stop(signum)
@@ -131,8 +138,21 @@ class Driver:
         self.reporter.note(f"stopped by {self.stopped['signal']} at {unit} {p.global_step}")
         self.ctx.log.info("stopped by %s at %s %d", self.stopped["signal"], unit, p.global_step)
 
+    @contextlib.contextmanager
+    def _doing(self, state: str) -> Iterator[None]:
+        """What the heartbeat reports while the block runs (`shoal status`)."""
+        if self.ctx.heartbeat is None:
+            yield
+            return
+        with self.ctx.heartbeat.doing(state):
+            yield
+
     # ---------------------------------------------------------------- evaluation
     def _evaluate(self) -> None:
+        with self._doing("evaluating"):
+            self._evaluate_now()
+
+    def _evaluate_now(self) -> None:
         p = self.progress
         if self.plan.validation is not None:  # measured by the loop (a population's members)
             self.last_eval.update(self.plan.validation())
@@ -212,7 +232,8 @@ class Driver:
         if self._saved_step == p.global_step:
             return  # e.g. every_steps and every_epochs at the same step
         self._sync_time()
-        path = self.checkpoints.save(p.global_step, self._parts(), self._meta(), self._files())
+        with self._doing("checkpointing"):
+            path = self.checkpoints.save(p.global_step, self._parts(), self._meta(), self._files())
         self._saved_step = p.global_step
         if path is not None:
             self.last_checkpoint = path
@@ -223,7 +244,8 @@ class Driver:
         """Collective: the current state into best/ (the selection calls it on improvement)."""
         p = self.progress
         self._sync_time()
-        path = manager.save(p.global_step, self._parts(), self._meta(), self._files())
+        with self._doing("checkpointing"):
+            path = manager.save(p.global_step, self._parts(), self._meta(), self._files())
         if path is not None:
             self.metrics.write({"event": "best", "step": p.global_step, "path": str(path)})
         return path
