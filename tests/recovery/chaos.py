@@ -13,11 +13,12 @@ import signal
 import subprocess
 import time
 from pathlib import Path
+from typing import Any
 
 from tests.hostile.jobs import descendants, rank_of, wait_for
 
 
-def events(run_dir: Path) -> list[dict[str, object]]:
+def events(run_dir: Path) -> list[dict[str, Any]]:
     try:
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     except OSError:
@@ -39,7 +40,7 @@ def current_step(run_dir: Path, restarts: int) -> int | None:
             seen += 1
             step = None
         elif record.get("event") == "train" and seen == restarts:
-            step = int(record["step"])  # type: ignore[call-overload]
+            step = int(record["step"])
     return step if seen == restarts else None
 
 

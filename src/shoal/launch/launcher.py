@@ -43,7 +43,7 @@ from typing import IO, Any
 
 import torch.distributed as dist
 
-from shoal.config import ShoalConfig
+from shoal.config import ShoalConfig, load_config
 from shoal.errors import (
     EXIT_FAILURE,
     EXIT_HALTED,
@@ -57,11 +57,14 @@ from shoal.launch.reports import read_report
 from shoal.launch.start import WorkerProcess, start_worker
 from shoal.launch.watch import STOPPED_STATES, StoreReader, existing, process_state
 from shoal.recovery.restarts import Failure, RestartLog, newest_state
+from shoal.recovery.snapshots import create_snapshot_dir, remove_snapshot_dir
 from shoal.recovery.status import RankStatus, StatusBoard
 from shoal.run import RunPaths
+from shoal.run.attempt import stage_config
 from shoal.runtime.auth import SECRET_ENV, Signer, new_secret
 from shoal.runtime.heartbeat import Beat
 from shoal.runtime.stop import STOP_SIGNALS, describe_stop, signal_name
+from shoal.strategies.registry import strategy_class
 
 POLL_S = 0.1
 HEARTBEAT_CHECK_S = 0.5
@@ -105,6 +108,10 @@ class LocalLauncher:
         self._state = "running"
         self._last_beats: dict[int, Beat | None] = {}
         resume = self.resume_from
+        if faults.snapshot_every_steps:
+            self._snapshots: Path | None = create_snapshot_dir(self.paths)
+        else:
+            self._snapshots = None
         try:
             with self._signals_forwarded():
                 while True:
@@ -125,6 +132,8 @@ class LocalLauncher:
         finally:
             self._kill()
             self._update_board()
+            if self._snapshots is not None:
+                remove_snapshot_dir(self.paths)
         self._state = "done"
         self._update_board()
         if faults.max_restarts:
@@ -176,9 +185,10 @@ class LocalLauncher:
                 )
             raise failure.error
         try:
-            point = newest_state(self.paths, self.resume_from)
+            point = newest_state(self.paths, self.resume_from, self._snapshots)
         except ShoalError as exc:
             raise JobFailed(f"{failure.reason}; not restarted: {exc}") from None
+        self._shrink_if_lost(failure)
         # an attempt whose first step after the restart never came made no progress
         backoff = self.restarts.backoff_s(made_progress=self.restarts.pending_step is None)
         _notice(self.restarts.restarting(failure, point, backoff))
@@ -195,6 +205,25 @@ class LocalLauncher:
             )
         self._state = "running"
         return point.path
+
+    def _shrink_if_lost(self, failure: Failure) -> None:
+        """Elastic (`[faults] min_workers`): a rank that failed `max_rank_failures` times is
+        given up; the next attempt has one worker fewer, the same global batch (the config's
+        worker count changes, which a resume may do) and resumes from the same state."""
+        faults = self.config.faults
+        failures = 0
+        if failure.rank is not None:
+            failures = self.restarts.failures_by_rank.get(failure.rank, 0)
+        if not faults.min_workers or failures < faults.max_rank_failures:
+            return
+        if self.world_size - 1 < faults.min_workers:
+            return  # restarted with every worker: min_workers is the floor
+        self.world_size -= 1
+        section = "strategy.config" if self.config.strategy.type == "custom" else "strategy"
+        extra = strategy_class(self.config.strategy).workers_override(self.world_size, section)
+        self.config = load_config(self.config, extra)
+        self.config_file = stage_config(self.paths, self.config)
+        _notice(self.restarts.shrunk(failure, self.world_size))
 
     def _environment(self, rank: int, port: int) -> dict[str, str]:
         env = dict(os.environ)

@@ -63,16 +63,26 @@ class ResumePoint:
     step: int
 
 
-def newest_state(paths: RunPaths, start: str | None) -> ResumePoint:
-    """The newest complete checkpoint of the run, else `start` (the checkpoint the job
-    itself resumed from, or None). Raises ShoalError for a damaged one."""
-    if not list_checkpoints(paths.checkpoints):
-        if start is None:
-            return ResumePoint(None, -1)
-        return ResumePoint(start, int(read_meta(Path(start)).get("step", -1)))
-    path = find_checkpoint(paths.root)  # refuses a damaged step-* folder
-    meta = read_meta(path)  # sealed, one checksum per file; the worker verifies the bytes
-    return ResumePoint(str(path), int(meta.get("step", -1)))
+def newest_state(paths: RunPaths, start: str | None, snapshots: Path | None = None) -> ResumePoint:
+    """The newest complete state of the run: its newest checkpoint or, when newer, its newest
+    in-memory snapshot (recovery/snapshots.py), else `start` (the checkpoint the job itself
+    resumed from, or None). Raises ShoalError for a damaged checkpoint."""
+    point = ResumePoint(start, -1)
+    if start is not None:
+        point = ResumePoint(start, int(read_meta(Path(start)).get("step", -1)))
+    if list_checkpoints(paths.checkpoints):
+        path = find_checkpoint(paths.root)  # refuses a damaged step-* folder
+        meta = read_meta(path)  # sealed, one checksum per file; the worker verifies the bytes
+        point = ResumePoint(str(path), int(meta.get("step", -1)))
+    for snapshot in reversed(list_checkpoints(snapshots) if snapshots is not None else []):
+        try:
+            step = int(read_meta(snapshot).get("step", -1))
+        except ShoalError:
+            continue  # a snapshot is a shortcut: a bad one is passed over for the checkpoint
+        if step > point.step:
+            point = ResumePoint(str(snapshot), step)
+        break
+    return point
 
 
 class RestartLog:
@@ -142,6 +152,19 @@ class RestartLog:
         return (
             f"{failure.reason}; restart {self.count} of {self.faults.max_restarts} "
             f"(faults.max_restarts) from {where}, {lost} steps lost, after {backoff_s:g} s"
+        )
+
+    def shrunk(self, failure: Failure, workers: int) -> str:
+        """Record that the job goes on without the rank at fault; returns the log line.
+        Ranks are numbered afresh in the smaller job: the per-rank counts start again."""
+        self.failures_by_rank.clear()
+        record = {"event": "membership", "lost_rank": failure.rank, "workers": workers,
+                  "step": failure.step, "time": time.time()}  # fmt: skip
+        _append_metric(self.paths.metrics, record)
+        return (
+            f"rank {failure.rank} failed {self.faults.max_rank_failures} times "
+            f"(faults.max_rank_failures): the job goes on with {workers} workers "
+            f"(faults.min_workers = {self.faults.min_workers}), the same global batch"
         )
 
     def recovered(self, step: int, at: float) -> str | None:

@@ -28,6 +28,7 @@ from shoal.checkpoint.resume import open_resume
 from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
+from shoal.recovery.snapshots import snapshot_dir
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.stop import STOP, stop_record
 from shoal.tasks.base import Task
@@ -58,6 +59,7 @@ class Driver:
             self.plan = self.loop.setup(self.run_info)
             self.reporter.total_steps, self.reporter.total_epochs = plan_totals(self.plan)
             self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
+            self.snapshots = _snapshots(ctx)
             self.selection = Selection(
                 ctx,
                 self.task,
@@ -109,6 +111,8 @@ class Driver:
                 self._evaluate()
             if every_units and units % every_units == 0:
                 self._save()
+            if self.snapshots is not None and units % self.snapshots[1] == 0:
+                self._snapshot(self.snapshots[0])
             if epoch_ended:
                 self.loop.next_epoch()
                 if eval_epochs and p.epoch % eval_epochs == 0:
@@ -240,6 +244,16 @@ class Driver:
             self.metrics.write({"event": "checkpoint", "step": p.global_step, "path": str(path)})
             self.ctx.log.info("checkpoint written: %s", path)
 
+    def _snapshot(self, manager: CheckpointManager) -> None:
+        """Collective: the state into the snapshot folder (recovery/snapshots.py), unless a
+        checkpoint of this step exists."""
+        p = self.progress
+        if self._saved_step == p.global_step:
+            return
+        self._sync_time()
+        with self._doing("checkpointing"):
+            manager.save(p.global_step, self._parts(), self._meta(), self._files())
+
     def _save_best(self, manager: CheckpointManager) -> Path | None:
         """Collective: the current state into best/ (the selection calls it on improvement)."""
         p = self.progress
@@ -308,6 +322,15 @@ class Driver:
         if summary:
             results["data"] = summary
         return results
+
+
+def _snapshots(ctx: WorkerContext) -> tuple[CheckpointManager, int] | None:
+    """The manager of in-memory snapshots and their interval, when the job takes them (only
+    under shoal's own launcher, which owns the folder)."""
+    every = ctx.config.faults.snapshot_every_steps
+    if not every or ctx.launch_mode != "shoal":
+        return None
+    return CheckpointManager(ctx, 1, snapshot_dir(ctx.paths)), every
 
 
 def finite(value: Any) -> Any:
