@@ -3,7 +3,8 @@
 What a user writes against torch alone: DDP on the synthetic data and MLP of
 chaos.py's shoal job, a checkpoint (model, optimizer, step) saved by rank 0 with
 torch.save every `--checkpoint-every` steps (to a temporary file, then renamed),
-and, at start, a resume from it when it exists. Rank 0 appends
+and, at start, a resume from it when it exists; the process group meets under a
+store prefix of its restart (without it, torchrun's restarts of a gloo job fail). Rank 0 appends
 `<wall time> <step> <restart count>` to `--log` after every step, which is how
 chaos.py finds the steps to strike at, the steps lost and the recovery time.
 
@@ -13,6 +14,7 @@ chaos.py finds the steps to strike at, the steps lost and the recovery time.
 from __future__ import annotations
 
 import argparse
+import datetime
 import os
 import time
 from pathlib import Path
@@ -37,10 +39,20 @@ def main() -> None:
     parser.add_argument("--checkpoint-every", type=int, required=True)
     args = parser.parse_args()
     folder = Path(args.folder)
+    folder.mkdir(parents=True, exist_ok=True)
     restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 
-    dist.init_process_group("gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
+    # gloo's keys in torchrun's store are not kept apart per restart: a restarted rank read
+    # the dead rank's address (connectFullMesh: connection refused, every restart). So the
+    # group meets under a prefix of its restart, as a user of plain torch must write it.
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    store = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
+        timeout=datetime.timedelta(seconds=300), wait_for_workers=False,
+    )  # fmt: skip
+    dist.init_process_group(
+        "gloo", store=dist.PrefixStore(f"restart-{restart}", store), rank=rank, world_size=world
+    )
     torch.set_num_threads(1)
     config = SyntheticDataConfig(
         samples=args.samples, features=10, informative=5, classes=3, seed=1
