@@ -18,13 +18,16 @@ from typing import Any, ClassVar
 from pydantic import BaseModel
 from torch import nn
 
+from shoal.checkpoint.changes import ResumeRules
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.roles import RankRoles
 from shoal.tasks.base import Task
+from shoal.tasks.registry import task_class
 from shoal.training.contracts import GradientSync
 from shoal.training.driver import Driver
+from shoal.training.loop import UnitLoop
 from shoal.training.steps import StepLoop
 
 
@@ -104,4 +107,26 @@ class Strategy(ABC):
 
     def run(self, task: Task) -> dict[str, Any]:
         """The job: by default the shared training loop."""
-        return Driver(self.ctx, task, StepLoop(self.ctx, task, self), self.describe()).run()
+        return self.drive(task, StepLoop(self.ctx, task, self))
+
+    def drive(self, task: Task, loop: UnitLoop, ctx: WorkerContext | None = None) -> dict[str, Any]:
+        """Run `loop` under the one driver (`ctx`: this rank's, or a role's own context)."""
+        rules = self.resume_rules(self.ctx.config)
+        return Driver(ctx or self.ctx, task, loop, self.describe(), rules).run()
+
+    @classmethod
+    def resume_rules(cls, config: ShoalConfig) -> ResumeRules:
+        """What a resume of `config` may change: the root rules, this strategy's lists, its
+        worker count (a different count re-shards the work) and the task's lists."""
+        # a plugin named by dotted path (type = "custom") keeps its settings one table down
+        sections = {
+            name: f"{name}.config" if getattr(config, name).type == "custom" else name
+            for name in ("strategy", "task")
+        }
+        workers = (cls.workers_field,) if cls.workers_field is not None else ()
+        task = task_class(config.task)
+        return (
+            ResumeRules()
+            .adding(sections["strategy"], cls.resume_safe + workers, cls.resume_incompatible)
+            .adding(sections["task"], task.resume_safe, task.resume_incompatible)
+        )

@@ -9,11 +9,11 @@ import torch.distributed as dist
 from torch import nn
 
 from shoal.comm.buckets import BucketedGradientSync
+from shoal.comm.config import GossipAggregationConfig
 from shoal.comm.gossip import GossipSync
 from shoal.comm.links import CommGroup
 from shoal.comm.registry import build_aggregator
 from shoal.comm.topology import neighbours
-from shoal.config.aggregation import GossipAggregationConfig
 from shoal.config.root import ShoalConfig
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import gather_tensors

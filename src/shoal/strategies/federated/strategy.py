@@ -18,7 +18,6 @@ from shoal.strategies.federated.config import FederatedStrategyConfig
 from shoal.strategies.federated.loop import FederatedLoop
 from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync, LocalGradientSync
-from shoal.training.driver import Driver
 
 
 class FederatedStrategy(Strategy):
@@ -62,4 +61,4 @@ class FederatedStrategy(Strategy):
 
     def run(self, task: Task) -> dict[str, Any]:
         loop = FederatedLoop(self.ctx, task, self.config, self.roles, self.describe())
-        return Driver(self.ctx, task, loop, self.describe()).run()
+        return self.drive(task, loop)

@@ -58,7 +58,6 @@ from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.task import KGETask
 from shoal.tasks.kge.training_types import unserved_reason
 from shoal.training.contracts import GradientSync
-from shoal.training.driver import Driver
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.steps import StepCollaborators, StepLoop
 
@@ -163,10 +162,12 @@ class ParameterServerStrategy(Strategy):
             ),
             files=lambda progress: [ShardFiles(worker_ctx, self.client, progress)],
             after_restore=self.resume_clock,
-            section=lambda progress: server_section(worker_ctx, self, progress),
+            section=lambda progress: server_section(
+                worker_ctx, self.client, self.describe(), self.config.mode, progress
+            ),
         )
         loop = StepLoop(worker_ctx, task, self, collaborators)
-        results = Driver(worker_ctx, task, loop, self.describe()).run()
+        results = self.drive(task, loop, worker_ctx)
         self.client.bye()
         if thread is not None:
             thread.join(timeout=ctx.config.faults.timeout_s)

@@ -16,7 +16,6 @@ from shoal.strategies.population.loop import PopulationLoop, resolve_metric
 from shoal.tasks.base import Task
 from shoal.tasks.registry import task_class as _task_class
 from shoal.training.contracts import GradientSync, LocalGradientSync
-from shoal.training.driver import Driver
 
 
 class PopulationStrategy(Strategy):
@@ -79,4 +78,4 @@ class PopulationStrategy(Strategy):
 
     def run(self, task: Task) -> dict[str, Any]:
         loop = PopulationLoop(self.ctx, task, self.config, self.roles, self.describe())
-        return Driver(self.ctx, task, loop, self.describe()).run()
+        return self.drive(task, loop)
