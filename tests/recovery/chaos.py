@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tests.hostile.jobs import descendants, rank_of, wait_for
+from shoal.launch.processes import descendants, rank_of
+from tests.hostile.jobs import wait_for
 
 
 def events(run_dir: Path) -> list[dict[str, Any]]:

@@ -18,8 +18,9 @@ import pytest
 import tomli_w
 
 import shoal
+from shoal.launch.processes import descendants, environ
 from tests.conftest import final_state, small_job
-from tests.hostile.jobs import descendants, environ, finish, wait_for, wait_for_step
+from tests.hostile.jobs import finish, wait_for, wait_for_step
 from tests.recovery.test_restarts import _assert_identical
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"

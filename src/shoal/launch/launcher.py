@@ -43,6 +43,7 @@ from typing import IO, Any
 
 import torch.distributed as dist
 
+from shoal.checkpoint.attempt import stage_config
 from shoal.config import ShoalConfig, load_config
 from shoal.errors import (
     EXIT_FAILURE,
@@ -60,7 +61,6 @@ from shoal.recovery.restarts import Failure, RestartLog, newest_state
 from shoal.recovery.snapshots import create_snapshot_dir, remove_snapshot_dir
 from shoal.recovery.status import RankStatus, StatusBoard
 from shoal.run import RunPaths
-from shoal.run.attempt import stage_config
 from shoal.runtime.auth import SECRET_ENV, Signer, new_secret
 from shoal.runtime.heartbeat import Beat
 from shoal.runtime.stop import STOP_SIGNALS, describe_stop, signal_name
