@@ -312,16 +312,17 @@ class LocalLauncher:
             codes = [w.process.returncode for w in self.workers]
             if all(code == 0 for code in codes):
                 return None
+            if self.restarts.pending_step is not None:  # a restart's first step, to the poll
+                self._recovered()  # (before a failure: the step may have come just before it)
             failed = [w for w in self.workers if w.process.returncode not in (None, 0, *STOP_CODES)]
             if failed:
                 return self._failure(failed)
             if None not in codes:  # every worker ended, some of them on a stop request
                 raise self._stopped()
-            if self.restarts.pending_step is not None:  # a restart's first step, to the poll
-                self._recovered()
             if now >= next_check:
                 lost = self._lost_worker(now, now - started)
                 if lost:
+                    self._recovered()
                     rank, message = lost
                     steps = self.reader.steps([w.rank for w in self.workers])
                     self._kill()

@@ -100,7 +100,7 @@ class Driver:
         every_epochs = ctx.config.checkpoint.every_epochs
         eval_epochs = ctx.config.train.eval_every_epochs
         per_unit = plan.steps_per_unit
-        first = bool(ctx.resume_from)  # a restart's first unit is reported at once
+        first = True  # the first unit is reported at once (a restart's recovery ends there)
         while not (p.stopped_early or self.loop.done()):
             epoch_ended = self.loop.run_unit()
             self._sync_time()
