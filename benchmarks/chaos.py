@@ -42,28 +42,14 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests.hostile.jobs import finish, start, wait_for  # noqa: E402
-from tests.recovery.chaos import events, strike  # noqa: E402
-from tests.recovery.test_restarts import _assert_identical  # noqa: E402
-
 from shoal.launch.processes import descendants, environ  # noqa: E402
+from tests.hostile.jobs import finish, start, wait_for  # noqa: E402
+from tests.recovery.chaos import assert_identical, chaos_job, events, strike  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "chaos.jsonl"
 STEPS = 310  # 5 epochs of 62 steps
-JOB: dict[str, Any] = {
-    "task": {
-        "type": "classification",
-        "data": {"source": "synthetic", "samples": 2000, "features": 10, "informative": 5,
-                 "classes": 3, "seed": 1},
-        "model": {"hidden": [16, 16]},
-    },
-    "strategy": {"type": "data_parallel", "num_replicas": 2},
-    "train": {"epochs": 5, "batch_size": 32, "seed": 3,
-              "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.9}},
-    "checkpoint": {"every_steps": 25},
-    "monitor": {"progress": "off", "log_every_steps": 1},
-    "faults": {"max_restarts": 25, "restart_backoff_s": 0.1},
-}  # fmt: skip
+JOB: dict[str, Any] = chaos_job(25)  # the restart tests' job: 2 workers, 310 steps
+JOB["checkpoint"] = {"every_steps": 25}
 
 
 def _job(folder: Path, name: str, mode: str | None) -> Path:
@@ -86,7 +72,7 @@ def _state(run_dir: Path) -> dict[str, Any]:
 
 def _identical(ours: dict[str, Any], theirs: dict[str, Any]) -> bool:
     try:
-        _assert_identical(ours, theirs, "state")
+        assert_identical(ours, theirs, "state")
     except AssertionError:
         return False
     return True

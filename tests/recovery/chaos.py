@@ -15,6 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from shoal.launch.processes import descendants, rank_of
 from tests.hostile.jobs import wait_for
 
@@ -75,3 +77,40 @@ def strike(
     pid = wait_for(ready, timeout, f"rank {rank} at step {step} after {restarts} restarts")
     os.kill(pid, sig)
     return time.time()
+
+
+def chaos_job(max_restarts: int) -> dict[str, Any]:
+    """The sections of a 2-worker data-parallel job of 310 steps that logs every step (the
+    restart tests' and benchmarks/chaos.py's job)."""
+    return {
+        "task": {
+            "type": "classification",
+            "data": {"source": "synthetic", "samples": 2000, "features": 10, "informative": 5,
+                     "classes": 3, "seed": 1},
+            "model": {"hidden": [16, 16]},
+        },
+        "strategy": {"type": "data_parallel", "num_replicas": 2},
+        "train": {"epochs": 5, "batch_size": 32, "seed": 3,
+                  "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.9}},
+        "checkpoint": {"every_steps": 7},
+        "monitor": {"progress": "off", "log_every_steps": 1},
+        "faults": {"max_restarts": max_restarts, "restart_backoff_s": 0.1},
+    }  # fmt: skip
+
+
+def assert_identical(ours: object, theirs: object, where: str) -> None:
+    """Bit-identical state: equal tensors (torch.equal), equal everything else."""
+    if isinstance(ours, torch.Tensor):
+        assert isinstance(theirs, torch.Tensor) and torch.equal(ours, theirs), where
+    elif isinstance(ours, dict):
+        assert isinstance(theirs, dict) and ours.keys() == theirs.keys(), where
+        for key in ours:
+            assert_identical(ours[key], theirs[key], f"{where}.{key}")
+    elif isinstance(ours, (list, tuple)):
+        assert isinstance(theirs, (list, tuple)) and len(ours) == len(theirs), where
+        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
+            assert_identical(a, b, f"{where}[{i}]")
+    elif where.endswith("time_s"):
+        return  # wall-clock times, not state
+    else:
+        assert ours == theirs, where

@@ -5,16 +5,16 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
 import shoal
 from tests.conftest import final_state, run_shoal
 from tests.hostile.jobs import finish, no_worker_left, start, write_job
-from tests.recovery.chaos import events, strike
-from tests.recovery.test_restarts import _assert_identical, _sections
+from tests.recovery.chaos import assert_identical, chaos_job, events, strike
 
 
-def _three_workers(faults: dict[str, object]) -> dict[str, object]:
-    sections = _sections(0)
+def _three_workers(faults: dict[str, Any]) -> dict[str, Any]:
+    sections = chaos_job(0)
     sections["strategy"] = {"type": "data_parallel", "num_replicas": 3}
     sections["checkpoint"] = {"every_steps": 7, "keep_last": 100}
     sections["faults"] = faults
@@ -50,14 +50,14 @@ def test_a_worker_lost_for_good_leaves_the_job_on_two_with_the_same_problem(
     assert results["steps"] == reference["steps"]
     ours, theirs = final_state(results), final_state(reference)
     for part in ("model", "optimizer", "progress"):
-        _assert_identical(ours[part], theirs[part], part)
+        assert_identical(ours[part], theirs[part], part)
     status = run_shoal("status", str(run_dir), cwd=tmp_path).stdout.splitlines()
     assert len(status) == 2 + 2  # header, columns, the two ranks left
     no_worker_left(run_dir)
 
 
 def test_min_workers_is_refused_for_a_strategy_that_cannot_shrink(tmp_path: Path) -> None:
-    sections = _sections(2)
+    sections = chaos_job(2)
     sections["strategy"] = {"type": "federated", "workers": 2, "num_clients": 4, "rounds": 2}
     sections["faults"] = {"max_restarts": 2, "min_workers": 1}
     sections["train"] = {"epochs": None}  # the length is strategy.rounds

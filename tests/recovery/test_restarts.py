@@ -8,36 +8,18 @@ import signal
 from pathlib import Path
 
 import pytest
-import torch
 
 import shoal
 from shoal.run import RunPaths
 from shoal.run.lock import RunInUse, RunLock
 from tests.conftest import final_state, run_shoal
 from tests.hostile.jobs import finish, no_worker_left, start, wait_for, write_job
-from tests.recovery.chaos import current_step, events, strike
-
-
-def _sections(max_restarts: int) -> dict[str, object]:
-    return {
-        "task": {
-            "type": "classification",
-            "data": {"source": "synthetic", "samples": 2000, "features": 10, "informative": 5,
-                     "classes": 3, "seed": 1},
-            "model": {"hidden": [16, 16]},
-        },
-        "strategy": {"type": "data_parallel", "num_replicas": 2},
-        "train": {"epochs": 5, "batch_size": 32, "seed": 3,
-                  "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.9}},
-        "checkpoint": {"every_steps": 7},
-        "monitor": {"progress": "off", "log_every_steps": 1},
-        "faults": {"max_restarts": max_restarts, "restart_backoff_s": 0.1},
-    }  # fmt: skip
+from tests.recovery.chaos import assert_identical, chaos_job, current_step, events, strike
 
 
 def test_a_data_parallel_job_killed_twice_ends_bit_identical(tmp_path: Path) -> None:
-    reference = shoal.train(_sections(0) | {"run": {"dir": str(tmp_path / "ref")}})
-    config = write_job(tmp_path, **_sections(3))
+    reference = shoal.train(chaos_job(0) | {"run": {"dir": str(tmp_path / "ref")}})
+    config = write_job(tmp_path, **chaos_job(3))
     run_dir = tmp_path / "runs" / "job"
     rng = random.Random(13)
     launcher = start("train", str(config), cwd=tmp_path)
@@ -60,7 +42,7 @@ def test_a_data_parallel_job_killed_twice_ends_bit_identical(tmp_path: Path) -> 
     assert results["steps"] == reference["steps"]
     ours, theirs = final_state(results), final_state(reference)
     for part in ("model", "optimizer", "progress"):
-        _assert_identical(ours[part], theirs[part], part)
+        assert_identical(ours[part], theirs[part], part)
     assert results["valid"] == reference["valid"]
 
     kinds = [e["event"] for e in events(run_dir)]
@@ -85,28 +67,10 @@ def test_a_data_parallel_job_killed_twice_ends_bit_identical(tmp_path: Path) -> 
     no_worker_left(run_dir)
 
 
-def _assert_identical(ours: object, theirs: object, where: str) -> None:
-    """Bit-identical state: equal tensors (torch.equal), equal everything else."""
-    if isinstance(ours, torch.Tensor):
-        assert isinstance(theirs, torch.Tensor) and torch.equal(ours, theirs), where
-    elif isinstance(ours, dict):
-        assert isinstance(theirs, dict) and ours.keys() == theirs.keys(), where
-        for key in ours:
-            _assert_identical(ours[key], theirs[key], f"{where}.{key}")
-    elif isinstance(ours, (list, tuple)):
-        assert isinstance(theirs, (list, tuple)) and len(ours) == len(theirs), where
-        for i, (a, b) in enumerate(zip(ours, theirs, strict=True)):
-            _assert_identical(a, b, f"{where}[{i}]")
-    elif where.endswith("time_s"):
-        return  # wall-clock times, not state
-    else:
-        assert ours == theirs, where
-
-
 def test_a_users_error_is_not_restarted(tmp_path: Path) -> None:
     """Non-finite gradients would come back at the same step: the job halts, exit 3."""
-    sections = _sections(2)
-    sections["faults"] = {**sections["faults"], "inject": {"rank": 1, "step": 3, "kind": "nan"}}  # type: ignore[dict-item]
+    sections = chaos_job(2)
+    sections["faults"] = {**sections["faults"], "inject": {"rank": 1, "step": 3, "kind": "nan"}}
     config = write_job(tmp_path, **sections)
     done = run_shoal("train", str(config), cwd=tmp_path, timeout=120)
     assert done.returncode == 3, done.stderr
@@ -118,7 +82,7 @@ def test_a_users_error_is_not_restarted(tmp_path: Path) -> None:
 
 
 def test_restarts_stop_at_max_restarts(tmp_path: Path) -> None:
-    config = write_job(tmp_path, **_sections(1))
+    config = write_job(tmp_path, **chaos_job(1))
     run_dir = tmp_path / "runs" / "job"
     launcher = start("train", str(config), cwd=tmp_path)
     strike(launcher, run_dir, 0, 10, rank=1)

@@ -11,15 +11,14 @@ from shoal.recovery.snapshots import snapshot_dir
 from shoal.run import RunPaths
 from tests.conftest import final_state
 from tests.hostile.jobs import finish, no_worker_left, start, write_job
-from tests.recovery.chaos import events, strike
-from tests.recovery.test_restarts import _assert_identical, _sections
+from tests.recovery.chaos import assert_identical, chaos_job, events, strike
 
 
 def test_a_restart_from_a_snapshot_loses_at_most_snapshot_every_steps(tmp_path: Path) -> None:
-    sections = _sections(2)
+    sections = chaos_job(2)
     sections["checkpoint"] = {"every_steps": 1000}  # disk checkpoints would lose everything
-    sections["faults"] = {**sections["faults"], "snapshot_every_steps": 3}  # type: ignore[dict-item]
-    reference = shoal.train(_sections(0) | {"run": {"dir": str(tmp_path / "ref")}})
+    sections["faults"] = {**sections["faults"], "snapshot_every_steps": 3}
+    reference = shoal.train(chaos_job(0) | {"run": {"dir": str(tmp_path / "ref")}})
     config = write_job(tmp_path, **sections)
     run_dir = tmp_path / "runs" / "job"
     launcher = start("train", str(config), cwd=tmp_path)
@@ -39,5 +38,5 @@ def test_a_restart_from_a_snapshot_loses_at_most_snapshot_every_steps(tmp_path: 
     assert results["restarts"] == 1 and results["steps"] == reference["steps"]
     ours, theirs = final_state(results), final_state(reference)
     for part in ("model", "optimizer", "progress"):
-        _assert_identical(ours[part], theirs[part], part)
+        assert_identical(ours[part], theirs[part], part)
     no_worker_left(run_dir)

@@ -21,7 +21,7 @@ import shoal
 from shoal.launch.processes import descendants, environ
 from tests.conftest import final_state, small_job
 from tests.hostile.jobs import finish, wait_for, wait_for_step
-from tests.recovery.test_restarts import _assert_identical
+from tests.recovery.chaos import assert_identical
 
 TORCHRUN = Path(sys.executable).parent / "torchrun"
 pytestmark = pytest.mark.skipif(
@@ -58,7 +58,7 @@ def test_a_job_torchrun_restarts_resumes_its_own_run_exactly(runs: Path, tmp_pat
     assert results["steps"] == reference["steps"]
     ours, theirs = final_state(results), final_state(reference)
     for part in ("model", "optimizer", "progress"):
-        _assert_identical(ours[part], theirs[part], part)
+        assert_identical(ours[part], theirs[part], part)
 
 
 def test_a_stopped_rank_under_torchrun_is_named_within_the_heartbeat_timeout(

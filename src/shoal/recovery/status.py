@@ -23,6 +23,7 @@ from typing import Any
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.errors import ShoalError
 from shoal.run import RunPaths
+from shoal.run.lock import alive_here
 
 STATUS_FILE = "status.json"
 #: the job's states; the first two mean a launcher is (or was, if it died) in charge
@@ -84,26 +85,14 @@ def read_status(paths: RunPaths) -> dict[str, Any]:
     return data
 
 
-def _launcher_alive(data: dict[str, Any]) -> bool | None:
-    launcher = data.get("launcher") or {}
-    pid = launcher.get("pid")
-    if launcher.get("host") != socket.gethostname() or not isinstance(pid, int):
-        return None  # another machine: unknown
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def status_lines(paths: RunPaths, now: float | None = None) -> list[str]:
     """What `shoal status` prints: a header line, then a table of the ranks."""
     data = read_status(paths)
     now = time.time() if now is None else now
     state = str(data.get("state"))
-    if state in ("running", "restarting") and _launcher_alive(data) is False:
+    launcher = data.get("launcher")  # {pid, host}: as the run lock names its holder
+    gone = isinstance(launcher, dict) and not alive_here(launcher)
+    if state in ("running", "restarting") and gone:
         state += " (its launcher is gone: the job ended without finishing)"
     elif state in ("running", "restarting"):
         state += f" (updated {max(0.0, now - float(data.get('updated', now))):.1f} s ago)"
