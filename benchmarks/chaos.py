@@ -42,9 +42,10 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from shoal.launch.processes import descendants, environ  # noqa: E402
 from tests.hostile.jobs import finish, start, wait_for  # noqa: E402
 from tests.recovery.chaos import assert_identical, chaos_job, events, strike  # noqa: E402
+
+from shoal.launch.processes import descendants, environ  # noqa: E402
 
 OUT = ROOT / "benchmarks" / "chaos.jsonl"
 STEPS = 310  # 5 epochs of 62 steps

@@ -15,10 +15,12 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import torch
 from pydantic import BaseModel
 from torch import nn
 
 from shoal.checkpoint.changes import ResumeRules
+from shoal.comm.links import CommGroup
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError
 from shoal.runtime.context import WorkerContext
@@ -108,6 +110,15 @@ class Strategy(ABC):
     def run(self, task: Task) -> dict[str, Any]:
         """The job: by default the shared training loop."""
         return self.drive(task, StepLoop(self.ctx, task, self))
+
+    def comm_group(self, backend: str | None = None) -> CommGroup:
+        """Collective (every rank, in the same order): a private group for this strategy's
+        messages, whose waits time out after `faults.timeout_s` (`comm/links.py`). `backend`:
+        another than the job's (the parameter server's rows go over gloo, on the CPU)."""
+        ctx = self.ctx
+        device = ctx.comm_device if backend is None else torch.device("cpu")
+        timeout_s = ctx.config.faults.timeout_s
+        return CommGroup.create(ctx.rank, ctx.world_size, ctx.hosts, timeout_s, backend, device)
 
     def drive(self, task: Task, loop: UnitLoop, ctx: WorkerContext | None = None) -> dict[str, Any]:
         """Run `loop` under the one driver (`ctx`: this rank's, or a role's own context)."""

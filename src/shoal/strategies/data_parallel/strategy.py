@@ -11,7 +11,6 @@ from torch import nn
 from shoal.comm.buckets import BucketedGradientSync
 from shoal.comm.config import GossipAggregationConfig
 from shoal.comm.gossip import GossipSync
-from shoal.comm.links import CommGroup
 from shoal.comm.registry import build_aggregator
 from shoal.comm.topology import neighbours
 from shoal.config.root import ShoalConfig
@@ -64,7 +63,7 @@ class DataParallelStrategy(Strategy):
                 'in this version; on CUDA use method = "native" (NCCL) without compression, '
                 'or set run.device = "cpu"'
             )
-        links = CommGroup.create(ctx.rank, ctx.world_size, ctx.hosts, ctx.config.faults.timeout_s)
+        links = self.comm_group()
         if isinstance(aggregation, GossipAggregationConfig):
             adjacency = neighbours(aggregation.topology, ctx.world_size)
             self.sync = GossipSync(model, links, adjacency)

@@ -60,5 +60,7 @@ class FederatedStrategy(Strategy):
         return RankRoles.hosting(self.ctx.world_size, "client", self.config.num_clients)
 
     def run(self, task: Task) -> dict[str, Any]:
-        loop = FederatedLoop(self.ctx, task, self.config, self.roles, self.describe())
+        loop = FederatedLoop(
+            self.ctx, task, self.config, self.roles, self.comm_group(), self.describe()
+        )
         return self.drive(task, loop)

@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from shoal.checkpoint.parts import FilePart, RankRngs, StatePart
+from shoal.comm.codec import recv_tree, send_tree
+from shoal.comm.links import CommGroup
 from shoal.errors import ConfigError, ShoalError
 from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.context import WorkerContext
@@ -61,7 +63,6 @@ from shoal.strategies.population.plot import PLOT_FILE, PlotFollower
 from shoal.strategies.population.record import BestMember, best_member
 from shoal.strategies.population.reporting import GenerationReport
 from shoal.strategies.population.space import sample_all
-from shoal.strategies.population.transfer import recv_tree, send_tree
 from shoal.tasks.base import Task
 from shoal.training.batching import steps_per_epoch
 from shoal.training.faults import InjectedFault, maybe_inject_fault
@@ -86,9 +87,12 @@ class PopulationLoop:
         task: Task,
         config: PopulationStrategyConfig,
         roles: RankRoles,
+        peers: CommGroup,
         describe: str,
     ) -> None:
+        """`peers`: the group members' states travel on (exploit copies, checkpoints)."""
         self.ctx, self.roles, self.task, self.config = ctx, roles, task, config
+        self.peers = peers
         self.describe, self.train = describe, ctx.config.train
         # each worker scores its own members, which the others do not have: the task's
         # evaluation (collective) runs among the ranks of a world of one
@@ -132,7 +136,7 @@ class PopulationLoop:
                 self.members[m].set_hyperparameters(self.book.hyper[m])
         seed_everything(train.seed)  # the testing model: its weights come from a member
         tested = self.task.build_model().to(ctx.device)
-        self.record = BestMember(ctx, self.roles, tested, self.members)
+        self.record = BestMember(ctx, self.peers, self.roles, tested, self.members)
         self.report = GenerationReport(
             run, self.roles, self.metric, self.mode, config.split, self.generations
         )
@@ -155,7 +159,7 @@ class PopulationLoop:
         """The book first: the members take their hyperparameters from it. Each member
         carries its own generators, so a resume on another number of workers draws as an
         uninterrupted run does: the workers' own generators need no reseeding."""
-        members = Members(self.ctx, self.roles, self.members, self.book, self.run)
+        members = Members(self.ctx, self.peers, self.roles, self.members, self.book, self.run)
         return {
             "population": BookPart(self.book, self.record),
             "members": members,
@@ -360,9 +364,11 @@ class PopulationLoop:
             if src == rank and dst == rank:
                 self.members[c.loser].load_exploit_state(copy.deepcopy(snapshots[c.winner]))
             elif src == rank:
-                send_tree(self.ctx, snapshots[c.winner], dst, what)
+                send_tree(self.peers, snapshots[c.winner], dst, what, f"member {c.loser}'s host")
             elif dst == rank:
-                self.members[c.loser].load_exploit_state(recv_tree(self.ctx, src, what))
+                role = f"member {c.winner}'s host"
+                state = recv_tree(self.peers, src, what, self.ctx.device, role)
+                self.members[c.loser].load_exploit_state(state)
 
     # ------------------------------------------------------------ results
     def section(self) -> dict[str, Any]:

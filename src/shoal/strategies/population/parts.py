@@ -16,6 +16,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from shoal.comm.codec import recv_tree, send_tree
+from shoal.comm.links import CommGroup
 from shoal.errors import ShoalError
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.roles import RankRoles
@@ -23,7 +25,6 @@ from shoal.strategies.population.lineage import Generation
 from shoal.strategies.population.member import Member
 from shoal.strategies.population.record import BestMember
 from shoal.strategies.population.space import Hyperparameters
-from shoal.strategies.population.transfer import recv_tree, send_tree
 from shoal.training.loop import Run
 
 
@@ -92,18 +93,21 @@ class BookPart:
 class Members:
     """Every member's state (the `members` part): collective to save, each rank loads its own.
 
-    `members`: this worker's (by member index); `roles` says which rank holds each.
+    `members`: this worker's (by member index); `roles` says which rank holds each; their
+    states travel to rank 0 over `peers`.
     """
 
     def __init__(
         self,
         ctx: WorkerContext,
+        peers: CommGroup,
         roles: RankRoles,
         members: dict[int, Member],
         book: PopulationBook,
         run: Run,
     ) -> None:
-        self.ctx, self.roles, self.members, self.book, self.run = ctx, roles, members, book, run
+        self.ctx, self.peers, self.roles = ctx, peers, roles
+        self.members, self.book, self.run = members, book, run
 
     def state_dict(self) -> list[Any]:
         """Collective: every member's state, in member order, on rank 0 (empty elsewhere)."""
@@ -115,10 +119,12 @@ class Members:
             what = f"member {m}'s state for the checkpoint"
             if ctx.is_main:
                 states.append(
-                    self.members[m].state_dict() if src == 0 else recv_tree(ctx, src, what)
+                    self.members[m].state_dict()
+                    if src == 0
+                    else recv_tree(self.peers, src, what, ctx.device, f"member {m}'s host")
                 )
             elif src == ctx.rank:
-                send_tree(ctx, self.members[m].state_dict(), 0, what)
+                send_tree(self.peers, self.members[m].state_dict(), 0, what)
         self.book.times["checkpoint"] += time.perf_counter() - started
         return states
 

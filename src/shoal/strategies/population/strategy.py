@@ -77,5 +77,7 @@ class PopulationStrategy(Strategy):
         return RankRoles.hosting(self.ctx.world_size, "member", size, items_field=field)
 
     def run(self, task: Task) -> dict[str, Any]:
-        loop = PopulationLoop(self.ctx, task, self.config, self.roles, self.describe())
+        loop = PopulationLoop(
+            self.ctx, task, self.config, self.roles, self.comm_group(), self.describe()
+        )
         return self.drive(task, loop)
