@@ -118,7 +118,7 @@ class LocalLauncher:
                     failure = self._attempt(resume)
                     if failure is None:
                         break
-                    resume = self._recover(failure, resume)
+                    resume = self._recover(failure)
         except KeyboardInterrupt:  # signals could not be taken over (not the main thread)
             self._kill()
             self._state = "stopped"
@@ -173,7 +173,7 @@ class LocalLauncher:
             del self.reader
             del store
 
-    def _recover(self, failure: Failure, resume: str | None) -> str | None:
+    def _recover(self, failure: Failure) -> str | None:
         """After a failed attempt: raise its error, or wait the backoff and return the
         checkpoint the next attempt resumes from."""
         self.restarts.failed(failure)
