@@ -116,6 +116,19 @@ def _rules(config: ShoalConfig) -> tuple[list[str], list[str]]:
     return safe, incompatible
 
 
+def _same_family(saved: Any, asked: Any) -> bool:
+    """Both strategies keep one learner's state by parameter name (local, data_parallel,
+    tensor_parallel, fully_sharded, hybrid): a checkpoint of one resumes under the other."""
+    from shoal.plugins.registry import PluginError
+    from shoal.strategies.registry import strategy_class
+
+    try:
+        families = {strategy_class(name).state_family for name in (saved, asked)}
+    except (PluginError, TypeError, ValueError):
+        return False
+    return len(families) == 1 and None not in families
+
+
 def classify(field: str, safe: list[str], incompatible: list[str]) -> str:
     if any(fnmatchcase(field, pattern) for pattern in incompatible):
         return INCOMPATIBLE
@@ -164,6 +177,8 @@ def resume_changes(
     changes: list[Change] = []
     for field, (before, after) in _differences(saved, asked).items():
         kind = classify(field, safe, incompatible)
+        if field == "strategy.type" and _same_family(before, after):
+            kind = SAFE  # the same parts by parameter name: they load into either layout
         if saved_files and field in saved_files and saved_files[field] == files_now.get(field):
             kind = SAFE  # the same file, moved
         changes.append(Change(field, _show(before), _show(after), kind))

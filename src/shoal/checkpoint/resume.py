@@ -18,6 +18,7 @@ import torch
 
 from shoal.checkpoint.changes import INCOMPATIBLE, SAFE, Change, refuse_changes, resume_changes
 from shoal.checkpoint.integrity import load_checkpoint
+from shoal.checkpoint.sharded import is_marker
 from shoal.errors import ShoalError
 from shoal.monitor.metrics import MetricsLog
 from shoal.runtime.context import WorkerContext
@@ -35,7 +36,7 @@ class Resume:
 
         An empty `saved` means the strategy keeps the model elsewhere (a parameter
         server's shard files, checked when they are read)."""
-        if not saved:
+        if not saved or is_marker(saved):  # sharded: DCP checks the pieces by name and shape
             return
         own = model.state_dict()
         problems = [

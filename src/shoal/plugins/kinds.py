@@ -44,6 +44,21 @@ STRATEGIES = PluginRegistry(
                 "shoal.strategies.parameter_server.strategy:ParameterServerStrategy",
                 "shoal.strategies.parameter_server.config:ParameterServerStrategyConfig",
             ),
+            (
+                "tensor_parallel",
+                "shoal.strategies.spmd.strategy:TensorParallelStrategy",
+                "shoal.strategies.spmd.config:TensorParallelStrategyConfig",
+            ),
+            (
+                "fully_sharded",
+                "shoal.strategies.spmd.strategy:FullyShardedStrategy",
+                "shoal.strategies.spmd.config:FullyShardedStrategyConfig",
+            ),
+            (
+                "hybrid",
+                "shoal.strategies.spmd.strategy:HybridStrategy",
+                "shoal.strategies.spmd.config:HybridStrategyConfig",
+            ),
         ),
     )
 )

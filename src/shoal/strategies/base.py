@@ -52,6 +52,10 @@ class Strategy(ABC):
     #: `[strategy]` fields whose change the saved state cannot load into: always refused.
     #: Any field in neither list changes the problem and needs --allow-changes.
     resume_incompatible: ClassVar[tuple[str, ...]] = ()
+    #: strategies of one family keep the same checkpoint parts, the model and optimizer by
+    #: parameter name ("learner": local, data_parallel and the SPMD strategies), so a resume
+    #: may switch between them (`checkpoint/changes.py`); None: only to itself
+    state_family: ClassVar[str | None] = None
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx

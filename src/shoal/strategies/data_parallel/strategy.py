@@ -35,6 +35,7 @@ class DataParallelStrategy(Strategy):
     config_class: ClassVar[type[DataParallelStrategyConfig]] = DataParallelStrategyConfig
 
     sync: GradientSync
+    state_family: ClassVar[str | None] = "learner"
 
     @classmethod
     def world_size(cls, config: ShoalConfig) -> int:

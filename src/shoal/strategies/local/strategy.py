@@ -17,6 +17,7 @@ class LocalStrategy(Strategy):
     config_class: ClassVar[type[LocalStrategyConfig]] = LocalStrategyConfig
 
     in_process: ClassVar[bool] = True
+    state_family: ClassVar[str | None] = "learner"
 
     def attach(self, model: nn.Module) -> GradientSync:
         return LocalGradientSync(model)
