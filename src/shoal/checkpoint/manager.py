@@ -138,8 +138,9 @@ class CheckpointManager:
         place, returning {name: sha256} of what it wrote. Every file in the folder is
         hashed into meta.json, whoever wrote it; a declared checksum that differs from
         the bytes on disk fails the save. A collective file part (sharded state, DCP)
-        writes on every rank into the temporary folder, before rank 0 seals and renames it. A save of a step that exists replaces it (a
-        run resumed from an earlier checkpoint overtakes a later one).
+        writes on every rank into the temporary folder, before rank 0 seals and renames
+        it. A save of a step that exists replaces it (a run resumed from an earlier
+        checkpoint overtakes a later one).
         """
         state = collect(parts, self.ctx.is_main)
         tmp = self.directory / f".step-{step:08d}.tmp"

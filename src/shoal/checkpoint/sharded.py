@@ -102,13 +102,12 @@ class ShardedModelPart:
 
     def load_from(self, state: Any, folder: Path) -> None:
         if is_marker(state):
-            target = {
-                "model": get_model_state_dict(self.model),
-                "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
-            }
+            model = get_model_state_dict(self.model)
+            optimizer = get_optimizer_state_dict(self.model, self.optimizer)
+            target: dict[str, Any] = {"model": model, "optimizer": optimizer}
             dcp.load(target, storage_reader=SafeReader(folder / SHARDED_DIR))
-            set_model_state_dict(self.model, target["model"])
-            self.loaded_optimizer = target["optimizer"]
+            set_model_state_dict(self.model, model)
+            self.loaded_optimizer = dict(optimizer)
             return
         full = StateDictOptions(full_state_dict=True)
         set_model_state_dict(self.model, state, options=full)
@@ -227,9 +226,9 @@ class SafeReader(FileSystemReader):
             raise CorruptCheckpoint(path.parent.parent, f"{path}: {exc}") from None
         if not isinstance(metadata, Metadata):
             raise CorruptCheckpoint(path.parent.parent, f"{path} is not DCP metadata")
-        if getattr(metadata, "storage_meta", None) is None:
-            metadata.storage_meta = StorageMeta()
-        metadata.storage_meta.load_id = self.load_id
+        storage = metadata.storage_meta or StorageMeta()
+        storage.load_id = self.load_id
+        metadata.storage_meta = storage
         return metadata
 
 

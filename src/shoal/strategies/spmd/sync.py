@@ -74,7 +74,7 @@ class SpmdGradientSync(GradientSync):
             elif isinstance(grad, DTensor) and any(isinstance(p, Partial) for p in grad.placements):
                 placements = [Replicate() if isinstance(p, Partial) else p for p in grad.placements]
                 param.grad = grad.redistribute(placements=placements)
-        named = [(name, local(param.grad)) for name, param in self.named]
+        named = [(name, local(param.grad)) for name, param in self.named if param.grad is not None]
         bad = nonfinite_names(named)
         self._nonfinite = [f"{name} [{self.where}]" for name in bad]
         if self.loss_scale != 1.0:
