@@ -1,12 +1,17 @@
-"""A/B of two shoal source trees on dp_vs_ddp's job: did a change cost throughput?
+"""A/B of two shoal source trees on dp_vs_ddp's job or the PS demo: did a change cost time?
 
     git archive main src | tar -x -C /tmp/main-src
     .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --rounds 4
+    .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --aggregation ring
+    .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --job ps
 
 Runs `shoal train` with PYTHONPATH set to each source tree in turn (the workers
-inherit it), alternating within each round, on the MLP of `dp_vs_ddp.py`
-(10.5M parameters, 2 workers, global batch 256), and prints the throughput of
-each round and the ratio of the medians. The machine's noise hits both alike.
+inherit it), alternating within each round, and prints each round's figure and
+the ratio of the medians; the machine's noise hits both alike. `--job dp` (the
+default): the MLP of `dp_vs_ddp.py` (10.5M parameters, 2 workers, global batch
+256) with `--aggregation` (native, ring, ...), steady-state samples/s. `--job ps`:
+the parameter server's demo (`make demo`'s config, 4 workers and 2 servers), the
+command's wall time in seconds (lower is better) and results.json's samples/s.
 """
 
 from __future__ import annotations
@@ -18,19 +23,38 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import tomli_w
 
+DEMO = Path(__file__).resolve().parent.parent / "examples" / "kge-kinships-ps.toml"
 
-def run(work: Path, source: Path, name: str, steps: int, skip: int) -> float:
+
+def run_ps(work: Path, source: Path, name: str) -> tuple[float, float]:
+    """(wall seconds, samples/s) of the demo job from `source`."""
+    env = {**os.environ, "PYTHONPATH": str(source.resolve())}
+    command = [sys.executable, "-m", "shoal", "train", str(DEMO), "--set", "monitor.progress=off"]
+    command += ["--set", f"run.dir={work / 'runs'}", "--set", f"run.name={name}"]
+    started = time.perf_counter()
+    subprocess.run(command, check=True, capture_output=True, env=env, cwd=work)
+    wall = time.perf_counter() - started
+    results = json.loads((work / "runs" / name / "results.json").read_text())
+    return wall, float(results["samples_per_s"])
+
+
+def run(work: Path, source: Path, name: str, steps: int, skip: int, aggregation: str) -> float:
     config = {
         "task": {
             "type": "classification",
             "data": {"samples": 24000, "features": 1024, "informative": 16, "classes": 10},
             "model": {"hidden": [2048, 2048, 2048]},
         },
-        "strategy": {"type": "data_parallel", "num_replicas": 2},
+        "strategy": {
+            "type": "data_parallel",
+            "num_replicas": 2,
+            "aggregation": {"method": aggregation},
+        },
         "train": {
             "max_steps": steps,
             "batch_size": 256,
@@ -58,16 +82,31 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip", type=int, default=10)
+    parser.add_argument("--job", choices=("dp", "ps"), default="dp")
+    parser.add_argument("--aggregation", default="native", help="dp: the aggregation method")
     args = parser.parse_args()
     rates: dict[str, list[float]] = {"a": [], "b": []}
+    walls: dict[str, list[float]] = {"a": [], "b": []}
     with tempfile.TemporaryDirectory() as tmp:
         work = Path(tmp)
         for round_ in range(args.rounds):
             for label, source in (("a", args.a), ("b", args.b)):
-                rates[label].append(run(work, source, f"{label}-{round_}", args.steps, args.skip))
-            print(f"round {round_ + 1} (samples/s): a {rates['a'][-1]:.1f}  b {rates['b'][-1]:.1f}")
+                name = f"{label}-{round_}"
+                if args.job == "ps":
+                    wall, rate = run_ps(work, source, name)
+                    walls[label].append(wall)
+                else:
+                    rate = run(work, source, name, args.steps, args.skip, args.aggregation)
+                rates[label].append(rate)
+            line = f"round {round_ + 1} (samples/s): a {rates['a'][-1]:.1f}  b {rates['b'][-1]:.1f}"
+            if args.job == "ps":
+                line += f"  (wall s: a {walls['a'][-1]:.1f}  b {walls['b'][-1]:.1f})"
+            print(line, flush=True)
     a, b = statistics.median(rates["a"]), statistics.median(rates["b"])
-    print(f"median: a ({args.a}) {a:.1f}, b ({args.b}) {b:.1f}; ratio b/a {b / a:.3f}")
+    print(f"median samples/s: a ({args.a}) {a:.1f}, b ({args.b}) {b:.1f}; ratio b/a {b / a:.3f}")
+    if args.job == "ps":
+        wa, wb = statistics.median(walls["a"]), statistics.median(walls["b"])
+        print(f"median wall s: a {wa:.1f}, b {wb:.1f}; ratio b/a {wb / wa:.3f}")
 
 
 if __name__ == "__main__":

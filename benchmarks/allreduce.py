@@ -34,9 +34,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from pydantic import TypeAdapter
 
+from shoal.comm.config import AggregationConfig
 from shoal.comm.links import CommGroup
 from shoal.comm.registry import build_aggregator
-from shoal.config.aggregation import AggregationConfig
 from shoal.launch.process_group import loopback_interface
 from shoal.runtime.hosts import Hosts
 

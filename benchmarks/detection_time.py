@@ -16,7 +16,6 @@ import argparse
 import datetime
 import json
 import os
-import re
 import signal
 import statistics
 import subprocess
@@ -27,35 +26,14 @@ from pathlib import Path
 
 import tomli_w
 
+from shoal.launch.processes import descendants, rank_of
+
 JOB = {
     "task": {"type": "classification", "data": {"samples": 4000}},
     "strategy": {"type": "data_parallel", "num_replicas": 2},
     "train": {"epochs": 50, "batch_size": 64},
     "monitor": {"progress": "off"},
 }
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def rank_of(pid: int) -> int:
-    """From the environment (an exec'd worker) or the title's `[rank N]` (a forked one, whose
-    /proc environ is its forkserver's: shoal/launch/start.py)."""
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    for item in raw.split(b"\0"):
-        if item.startswith(b"RANK="):
-            return int(item[5:])
-    found = re.search(rb"\[rank (\d+)\]", Path(f"/proc/{pid}/cmdline").read_bytes())
-    return int(found.group(1)) if found else -1
-
-
-def descendants(pid: int) -> list[int]:
-    found = children(pid)
-    return found + [p for child in found for p in descendants(child)]
 
 
 def once(kind: str, work: Path, index: int) -> float:

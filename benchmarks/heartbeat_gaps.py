@@ -29,22 +29,9 @@ from pathlib import Path
 import tomli_w
 import torch.distributed as dist
 
+from shoal.launch.processes import children, environ
 from shoal.launch.watch import StoreReader
 from shoal.runtime.auth import SECRET_ENV, Signer
-
-
-def children(pid: int) -> list[int]:
-    try:
-        text = Path(f"/proc/{pid}/task/{pid}/children").read_text()
-    except OSError:
-        return []
-    return [int(p) for p in text.split()]
-
-
-def environ(pid: int) -> dict[str, str]:
-    raw = Path(f"/proc/{pid}/environ").read_bytes()
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(): v.decode() for k, v in pairs}
 
 
 def main() -> None:

@@ -7,12 +7,12 @@ from contextlib import ExitStack
 from pathlib import Path
 from typing import Any
 
+from shoal.checkpoint.attempt import discard_attempt, stage_config
 from shoal.config.loading import ConfigSource
 from shoal.launch.cores import check_cores
 from shoal.launch.environment import external_launch
 from shoal.launch.plan import create_run, plan_job, resume_root
 from shoal.run import RunPaths
-from shoal.run.attempt import discard_attempt, stage_config
 from shoal.run.lock import RunLock
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -65,3 +66,20 @@ def _entry(
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # skip interpreter finalization while gloo threads may still hold tensors
+
+
+def fails_naming(action: Callable[[], Any], start: str, within_s: float) -> str:
+    """Run `action`, which must raise PeerTimeout within `within_s` seconds with a message that
+    starts with `start` and carries no backend source location; returns the message."""
+    from shoal.comm.links import PeerTimeout
+
+    started = time.monotonic()
+    try:
+        action()
+    except PeerTimeout as exc:
+        message = str(exc)
+    else:
+        raise AssertionError(f"no PeerTimeout; expected {start!r}")
+    assert time.monotonic() - started < within_s, message
+    assert message.startswith(start) and ".cc:" not in message, message
+    return message

@@ -19,9 +19,9 @@ import torch.distributed as dist
 from pydantic import TypeAdapter
 
 from shoal.comm.aggregators import BucketSpec
+from shoal.comm.config import AggregationConfig
 from shoal.comm.links import CommGroup
 from shoal.comm.registry import AGGREGATORS, COMPRESSORS, build_aggregator
-from shoal.config.aggregation import AggregationConfig
 from shoal.runtime.hosts import Hosts
 from tests.comm.group import TIMEOUT_S, run_in_group
 

@@ -12,7 +12,6 @@ import contextlib
 import datetime
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -24,6 +23,7 @@ from typing import Any, TypeVar
 import tomli_w
 import torch.distributed as dist
 
+from shoal.launch.processes import children, descendants, environ, rank_of
 from shoal.launch.start import START_ENV
 from shoal.runtime.auth import SECRET_ENV, Signer
 from tests.conftest import small_job
@@ -106,40 +106,6 @@ def wait_for(check: Callable[[], T | None], timeout: float, what: str) -> T:
             return found
         time.sleep(0.05)
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def descendants(pid: int) -> list[int]:
-    """Children, grandchildren...: a worker forked by the launcher's forkserver is its
-    grandchild (shoal/launch/start.py)."""
-    found = children(pid)
-    return found + [p for child in found for p in descendants(child)]
-
-
-def rank_of(pid: int) -> int:
-    """A worker's rank: from its environment (exec'd) or its command line (forked, whose
-    title ends with `[rank N]`); -1 for another process."""
-    rank = environ(pid).get("RANK")
-    if rank is None:
-        with contextlib.suppress(OSError):
-            found = re.search(rb"\[rank (\d+)\]", Path(f"/proc/{pid}/cmdline").read_bytes())
-            rank = found.group(1).decode() if found else None
-    return int(rank) if rank is not None and rank.isdigit() else -1
-
-
-def environ(pid: int) -> dict[str, str]:
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes()
-    except OSError:
-        return {}
-    pairs = (item.split(b"=", 1) for item in raw.split(b"\0") if b"=" in item)
-    return {k.decode(): v.decode(errors="replace") for k, v in pairs}
 
 
 def workers_of(parent: subprocess.Popen[str], count: int, timeout: float = 60) -> list[int]:

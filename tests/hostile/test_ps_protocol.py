@@ -17,6 +17,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from shoal.comm.links import CommGroup
+from shoal.runtime.hosts import Hosts
 from shoal.strategies.parameter_server.client import RowClient
 from shoal.strategies.parameter_server.config import RowSGDConfig
 from shoal.strategies.parameter_server.endpoint import ServerEndpoint
@@ -40,6 +42,12 @@ INITIAL = torch.arange(ENTITIES * WIDTH, dtype=torch.float32).view(ENTITIES, WID
 NONE = torch.zeros(0, dtype=torch.int64)
 
 
+def peers(group: Any, timeout_s: float) -> CommGroup:
+    """This rank's place in `group` (the world's ranks), waits timing out after `timeout_s`."""
+    world = dist.get_world_size()
+    return CommGroup(dist.get_rank(), world, Hosts.single(world), timeout_s, group)
+
+
 def serve(workers: int, timeout_s: float = 30.0) -> ShardServer:
     """The last rank: one server of every row, async, SGD."""
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=60))
@@ -52,7 +60,7 @@ def serve(workers: int, timeout_s: float = 30.0) -> ShardServer:
     }
     server = ShardServer(0, 1, workers, tables, optimizer, "async", None, 30.0)
     log = logging.getLogger("test")
-    ServerEndpoint(server, group, (WIDTH, WIDTH), MAX_ROWS, timeout_s, log).serve()
+    ServerEndpoint(server, peers(group, timeout_s), (WIDTH, WIDTH), MAX_ROWS, log).serve()
     return server
 
 
@@ -62,7 +70,7 @@ def client(rank: int, server_rank: int) -> RowClient:
         "entity": torch.zeros(ENTITIES, dtype=torch.int32).numpy(),
         "relation": torch.zeros(RELATIONS, dtype=torch.int32).numpy(),
     }
-    link = RemoteLink(0, server_rank, group)
+    link = RemoteLink(0, server_rank, peers(group, 30.0))
     return RowClient(rank, [link], owners, (WIDTH, WIDTH), MAX_ROWS, timeout_s=30.0)
 
 

@@ -95,41 +95,33 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def _rules(config: ShoalConfig) -> tuple[list[str], list[str]]:
-    """(safe, incompatible) field patterns for this config's task and strategy."""
-    from shoal.strategies.registry import strategy_class  # the registries import checkpoint
-    from shoal.tasks.registry import task_class
+@dataclass(frozen=True)
+class ResumeRules:
+    """The field patterns a resume may change freely (`safe`) or never (`incompatible`).
 
-    safe, incompatible = list(ROOT_SAFE), list(ROOT_INCOMPATIBLE)
-    strategy = strategy_class(config.strategy)
-    task = task_class(config.task)
-    # a plugin named by dotted path (type = "custom") keeps its settings one table down
-    sections = {
-        name: f"{name}.config" if getattr(config, name).type == "custom" else name
-        for name in ("strategy", "task")
-    }
-    for prefix, owner in ((sections["strategy"], strategy), (sections["task"], task)):
-        safe += [f"{prefix}.{p}" for p in getattr(owner, "resume_safe", ())]
-        incompatible += [f"{prefix}.{p}" for p in getattr(owner, "resume_incompatible", ())]
-    if strategy.workers_field is not None:  # a different worker count re-shards the work
-        safe.append(f"{sections['strategy']}.{strategy.workers_field}")
-    return safe, incompatible
+    The checkpoint layer does not know strategies or tasks: whoever knows them (the
+    strategy's :meth:`~shoal.strategies.base.Strategy.resume_rules`) adds what they list
+    to the root rules and hands the result in.
+    """
 
+    safe: tuple[str, ...] = ROOT_SAFE
+    incompatible: tuple[str, ...] = ROOT_INCOMPATIBLE
+    #: strategy types whose checkpoints this run's strategy loads (they keep the same parts,
+    #: the model and optimizer by parameter name): strategy.type may change from them
+    strategies: tuple[str, ...] = ()
 
-def _same_family(saved: Any, asked: Any) -> bool:
-    """Both strategies keep one learner's state by parameter name (local, data_parallel,
-    tensor_parallel, fully_sharded, hybrid): a checkpoint of one resumes under the other."""
-    from shoal.plugins.registry import PluginError
-    from shoal.strategies.registry import strategy_class
-
-    try:
-        families = {strategy_class(name).state_family for name in (saved, asked)}
-    except (PluginError, TypeError, ValueError):
-        return False
-    return len(families) == 1 and None not in families
+    def adding(
+        self, prefix: str, safe: tuple[str, ...], incompatible: tuple[str, ...]
+    ) -> ResumeRules:
+        """These rules plus a section's own (`prefix`: where its fields live in the config)."""
+        return ResumeRules(
+            self.safe + tuple(f"{prefix}.{p}" for p in safe),
+            self.incompatible + tuple(f"{prefix}.{p}" for p in incompatible),
+            self.strategies,
+        )
 
 
-def classify(field: str, safe: list[str], incompatible: list[str]) -> str:
+def classify(field: str, safe: tuple[str, ...], incompatible: tuple[str, ...]) -> str:
     if any(fnmatchcase(field, pattern) for pattern in incompatible):
         return INCOMPATIBLE
     if any(fnmatchcase(field, pattern) for pattern in safe):
@@ -161,6 +153,7 @@ def resume_changes(
     checkpoint: Path,
     meta: dict[str, Any],
     config: ShoalConfig,
+    rules: ResumeRules,
     train_size: int | None = None,
 ) -> list[Change]:
     """Every difference between the run a checkpoint holds and `config`, classified.
@@ -171,13 +164,13 @@ def resume_changes(
     """
     saved = tomllib.loads(checkpoint_config_text(checkpoint, meta))
     asked = tomllib.loads(dump_config(config))
-    safe, incompatible = _rules(config)
+    safe, incompatible = rules.safe, rules.incompatible
     saved_files: dict[str, Any] | None = meta.get("data")
     files_now = data_fingerprint(config) if saved_files is not None else {}
     changes: list[Change] = []
     for field, (before, after) in _differences(saved, asked).items():
         kind = classify(field, safe, incompatible)
-        if field == "strategy.type" and _same_family(before, after):
+        if field == "strategy.type" and before in rules.strategies:
             kind = SAFE  # the same parts by parameter name: they load into either layout
         if saved_files and field in saved_files and saved_files[field] == files_now.get(field):
             kind = SAFE  # the same file, moved

@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from shoal.checkpoint.atomic import fsync_dir, fsync_file
+from shoal.checkpoint.attempt import promote_config
 from shoal.checkpoint.fingerprint import data_fingerprint
 from shoal.checkpoint.integrity import (
     FORMAT_VERSION,
@@ -39,7 +40,6 @@ from shoal.checkpoint.integrity import (
 from shoal.checkpoint.parts import FilePart, StatePart, collect
 from shoal.config import dump_config
 from shoal.errors import ShoalError
-from shoal.run.attempt import promote_config
 from shoal.runtime.collectives import barrier
 from shoal.runtime.context import WorkerContext
 

@@ -16,7 +16,14 @@ from typing import Any
 
 import torch
 
-from shoal.checkpoint.changes import INCOMPATIBLE, SAFE, Change, refuse_changes, resume_changes
+from shoal.checkpoint.changes import (
+    INCOMPATIBLE,
+    SAFE,
+    Change,
+    ResumeRules,
+    refuse_changes,
+    resume_changes,
+)
 from shoal.checkpoint.integrity import load_checkpoint
 from shoal.checkpoint.sharded import is_marker
 from shoal.errors import ShoalError
@@ -70,11 +77,11 @@ def _shape(tensor: torch.Tensor) -> str:
     return "(" + ", ".join(map(str, tensor.shape)) + ")"
 
 
-def open_resume(ctx: WorkerContext, path: Path, train_size: int) -> Resume:
+def open_resume(ctx: WorkerContext, path: Path, train_size: int, rules: ResumeRules) -> Resume:
     """Verify and read checkpoint `path`; refuse changes the resume may not make; log and
     record (rank 0, in metrics.jsonl) the ones it makes."""
     state, meta = load_checkpoint(path)
-    changes = resume_changes(path, meta, ctx.config, train_size)
+    changes = resume_changes(path, meta, ctx.config, rules, train_size)
     refuse_changes(changes, path, ctx.allow_changes)
     if changes and ctx.is_main:
         for change in changes:

@@ -19,7 +19,6 @@ import datetime
 import json
 import socket
 from contextlib import ExitStack
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -41,20 +40,10 @@ from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths, create_run_dir
 from shoal.run.lock import RunLock
 from shoal.runtime.auth import Signer, new_secret
-from shoal.runtime.collectives import barrier, broadcast_bytes
+from shoal.runtime.collectives import World, barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
 from shoal.runtime.stop import stop_on_signals
-
-
-@dataclass
-class _Peers:
-    """Just enough of a context for the collectives used before the run directory exists."""
-
-    rank: int
-    world_size: int
-    comm_device: torch.device
-    distributed: bool = True
 
 
 def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
@@ -109,7 +98,7 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
     held = ExitStack()
     watch: HostWatch | None = None
     try:
-        peers = _Peers(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
+        peers = World(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
         hosts = Hosts.gather(peers, binding.address)
         beats = admission.derived_signer("heartbeats") or _drawn_signer(peers)
         claim: dict[str, str] = {}
@@ -195,7 +184,7 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         del store
 
 
-def _drawn_signer(peers: _Peers) -> Signer:
+def _drawn_signer(peers: World) -> Signer:
     """A job without a secret: rank 0 draws one for the heartbeats and sends it over the
     process group (whose members were all admitted), never through the store."""
     drawn = broadcast_bytes(peers, new_secret().encode() if peers.rank == 0 else None)

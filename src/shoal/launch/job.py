@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.run.attempt import promote_config
+from shoal.checkpoint.attempt import promote_config
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything
 from shoal.runtime.stop import raise_if_stopped

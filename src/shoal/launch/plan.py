@@ -4,7 +4,7 @@ The CLI and the Python API share this, so `shoal train` and `shoal.train()`
 accept and reject exactly the same things. Planning writes nothing: a resume's
 config (the run's config.toml with `--set` and `--workers` applied) is checked
 against what its checkpoint holds (checkpoint/changes.py) and only becomes the
-run's config.toml once the resumed run has written something (run/attempt.py),
+run's config.toml once the resumed run has written something (checkpoint/attempt.py),
 so a resume that fails leaves the run as it was.
 """
 
@@ -87,7 +87,8 @@ def plan_job(
     cls = strategy_class(config.strategy)
     cls.check(config)
     if checkpoint is not None:  # the bytes are verified where they are read, by the workers
-        changes = resume_changes(checkpoint, read_meta(checkpoint), config)
+        rules = cls.resume_rules(config)
+        changes = resume_changes(checkpoint, read_meta(checkpoint), config, rules)
         refuse_changes(changes, checkpoint, allow_changes)
     world_size = cls.world_size(config)
     name = config.run.name or default_run_name(source)

@@ -45,6 +45,8 @@ from typing import IO, Any, Protocol
 
 import setproctitle
 
+from shoal.launch.processes import rank_title
+
 START_ENV = "SHOAL_WORKER_START"
 #: what the server imports once, for every worker it forks (torch and all of shoal's core,
 #: and a death signal tied to the launcher)
@@ -217,7 +219,7 @@ def _forked_main(argv: list[str], env: dict[str, str], out: int, err: int, *keep
     os.setsid()
     # ps and pgrep -f see the command an exec'd worker runs, not the forkserver's, and its
     # rank: /proc/<pid>/environ shows the server's environment, not this one
-    command = [sys.executable, "-m", "shoal.launch.worker", *argv, f"[rank {env.get('RANK')}]"]
+    command = [sys.executable, "-m", "shoal.launch.worker", *argv, rank_title(env.get("RANK"))]
     setproctitle.setproctitle(" ".join(command))
     os.environ.clear()
     os.environ.update(env)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from shoal.plugins.registry import Kind, PluginRegistry
 
-_AGG = "shoal.config.aggregation"
+_AGG = "shoal.comm.config"
 
 STRATEGIES = PluginRegistry(
     Kind(

@@ -32,7 +32,7 @@ class RunPaths:
 
     @property
     def attempt_config(self) -> Path:
-        """The config a resume runs with, before it becomes config.toml (run/attempt.py)."""
+        """The config a resume runs with, before it becomes config.toml (checkpoint/attempt.py)."""
         return self.root / ".config.attempt.toml"
 
     @property

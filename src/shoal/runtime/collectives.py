@@ -8,6 +8,7 @@ Without a process group (the `local` strategy) each helper is the identity.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import torch
@@ -25,6 +26,17 @@ class Peers(Protocol):
     def distributed(self) -> bool: ...
     @property
     def comm_device(self) -> torch.device: ...
+
+
+@dataclass
+class World:
+    """A `Peers` for collectives over the whole world before a WorkerContext exists (or
+    outside one): just who this process is."""
+
+    rank: int
+    world_size: int
+    comm_device: torch.device
+    distributed: bool = True
 
 
 def _group(ctx: Peers) -> Any:

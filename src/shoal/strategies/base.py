@@ -15,17 +15,25 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar
 
+import torch
 from pydantic import BaseModel
 from torch import nn
 
+from shoal.checkpoint.changes import ResumeRules
+from shoal.comm.links import CommGroup
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.roles import RankRoles
 from shoal.tasks.base import Task
+from shoal.tasks.registry import task_class
 from shoal.training.contracts import GradientSync
 from shoal.training.driver import Driver
+from shoal.training.loop import UnitLoop
 from shoal.training.steps import StepLoop
+
+#: the strategies whose checkpoints are one learner's parts (`checkpoint/sharded.py`)
+LEARNERS = ("local", "data_parallel", "tensor_parallel", "fully_sharded", "hybrid")
 
 
 class Strategy(ABC):
@@ -52,10 +60,10 @@ class Strategy(ABC):
     #: `[strategy]` fields whose change the saved state cannot load into: always refused.
     #: Any field in neither list changes the problem and needs --allow-changes.
     resume_incompatible: ClassVar[tuple[str, ...]] = ()
-    #: strategies of one family keep the same checkpoint parts, the model and optimizer by
-    #: parameter name ("learner": local, data_parallel and the SPMD strategies), so a resume
-    #: may switch between them (`checkpoint/changes.py`); None: only to itself
-    state_family: ClassVar[str | None] = None
+    #: strategy types whose checkpoints this one resumes from: they keep the same parts, the
+    #: model and optimizer by parameter name (LEARNERS: local, data_parallel and the SPMD
+    #: strategies load each other's, sharded or not); empty: only its own type's
+    resumes_from: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
@@ -105,4 +113,35 @@ class Strategy(ABC):
 
     def run(self, task: Task) -> dict[str, Any]:
         """The job: by default the shared training loop."""
-        return Driver(self.ctx, task, StepLoop(self.ctx, task, self), self.describe()).run()
+        return self.drive(task, StepLoop(self.ctx, task, self))
+
+    def comm_group(self, backend: str | None = None) -> CommGroup:
+        """Collective (every rank, in the same order): a private group for this strategy's
+        messages, whose waits time out after `faults.timeout_s` (`comm/links.py`). `backend`:
+        another than the job's (the parameter server's rows go over gloo, on the CPU)."""
+        ctx = self.ctx
+        device = ctx.comm_device if backend is None else torch.device("cpu")
+        timeout_s = ctx.config.faults.timeout_s
+        return CommGroup.create(ctx.rank, ctx.world_size, ctx.hosts, timeout_s, backend, device)
+
+    def drive(self, task: Task, loop: UnitLoop, ctx: WorkerContext | None = None) -> dict[str, Any]:
+        """Run `loop` under the one driver (`ctx`: this rank's, or a role's own context)."""
+        rules = self.resume_rules(self.ctx.config)
+        return Driver(ctx or self.ctx, task, loop, self.describe(), rules).run()
+
+    @classmethod
+    def resume_rules(cls, config: ShoalConfig) -> ResumeRules:
+        """What a resume of `config` may change: the root rules, this strategy's lists, its
+        worker count (a different count re-shards the work) and the task's lists."""
+        # a plugin named by dotted path (type = "custom") keeps its settings one table down
+        sections = {
+            name: f"{name}.config" if getattr(config, name).type == "custom" else name
+            for name in ("strategy", "task")
+        }
+        workers = (cls.workers_field,) if cls.workers_field is not None else ()
+        task = task_class(config.task)
+        return (
+            ResumeRules(strategies=cls.resumes_from)
+            .adding(sections["strategy"], cls.resume_safe + workers, cls.resume_incompatible)
+            .adding(sections["task"], task.resume_safe, task.resume_incompatible)
+        )

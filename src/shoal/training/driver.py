@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint.atomic import atomic_write_json
+from shoal.checkpoint.changes import ResumeRules
 from shoal.checkpoint.manager import CheckpointManager
 from shoal.checkpoint.parts import FilePart, Fixed, RankRngs, StatePart, TaskFiles, load_parts
 from shoal.checkpoint.resume import open_resume
@@ -36,8 +37,12 @@ from shoal.training.state import TrainProgress
 
 
 class Driver:
-    def __init__(self, ctx: WorkerContext, task: Task, loop: UnitLoop, detail: str) -> None:
-        self.ctx, self.task, self.loop, self.detail = ctx, task, loop, detail
+    def __init__(
+        self, ctx: WorkerContext, task: Task, loop: UnitLoop, detail: str, rules: ResumeRules
+    ) -> None:
+        """`detail`: the strategy as logged; `rules`: what a resume may change (the
+        strategy's and task's lists, `checkpoint/changes.py`)."""
+        self.ctx, self.task, self.loop, self.detail, self.rules = ctx, task, loop, detail, rules
         self.progress = TrainProgress()
         self.last_eval: dict[str, dict[str, float]] = {}
         self.last_checkpoint: Path | None = None
@@ -230,7 +235,7 @@ class Driver:
 
     def _restore(self, path: Path) -> None:
         ctx = self.ctx
-        point = open_resume(ctx, path, self.task.train_size)
+        point = open_resume(ctx, path, self.task.train_size, self.rules)
         point.check_model(self.selection.record.model, point.state.get("model", {}))
         optional = (*self.plan.optional_parts, "config")
         self.run_info.resume = point

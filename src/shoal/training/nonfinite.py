@@ -17,12 +17,11 @@ without a collective of its own.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
-from shoal.runtime.collectives import gather_bytes
+from shoal.runtime.collectives import World, gather_bytes
 from shoal.runtime.stop import STOP
 
 
@@ -37,14 +36,6 @@ def is_finite(tensor: torch.Tensor) -> bool:
 def nonfinite_names(named: Iterable[tuple[str, torch.Tensor | None]]) -> list[str]:
     """Names whose tensor holds a NaN or an Inf."""
     return [name for name, tensor in named if tensor is not None and not is_finite(tensor)]
-
-
-@dataclass
-class _Peers:
-    rank: int
-    world_size: int
-    comm_device: torch.device
-    distributed: bool = True
 
 
 def agree_on_nonfinite(local: list[str], device: torch.device) -> dict[int, list[str]]:
@@ -64,7 +55,7 @@ def agree_on_nonfinite(local: list[str], device: torch.device) -> dict[int, list
     flags = shared[0]
     if not bool(flags.any()):
         return {}
-    peers = _Peers(rank, world_size, comm_device)
+    peers = World(rank, world_size, comm_device)
     blobs = gather_bytes(peers, "\n".join(local).encode())
     return {r: blob.decode().split("\n") for r, blob in enumerate(blobs) if flags[r]}
 

@@ -16,6 +16,8 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from shoal.comm.links import CommGroup
+from shoal.runtime.hosts import Hosts
 from shoal.strategies.parameter_server.client import RowClient
 from shoal.strategies.parameter_server.config import RowSGDConfig
 from shoal.strategies.parameter_server.endpoint import ServerEndpoint
@@ -35,6 +37,7 @@ OWNERS = {"entity": hash_owners(ENTITIES, SERVERS), "relation": hash_owners(RELA
 
 def _job(rank: int, world_size: int, mode: str, bound: int | None, out: str) -> None:
     group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=30))
+    peers = CommGroup(rank, world_size, Hosts.single(world_size), 30.0, group)
     if rank >= WORKERS:  # a server
         server = rank - WORKERS
         optimizer = build_row_optimizer(RowSGDConfig(lr=LR))
@@ -45,9 +48,10 @@ def _job(rank: int, world_size: int, mode: str, bound: int | None, out: str) -> 
             ),
         }
         shard = ShardServer(server, SERVERS, WORKERS, tables, optimizer, mode, bound, BARRIER_S)
-        ServerEndpoint(shard, group, (WIDTH, WIDTH), 64, 30.0, logging.getLogger("test")).serve()
+        ServerEndpoint(shard, peers, (WIDTH, WIDTH), 64, logging.getLogger("test")).serve()
+        Path(out, f"server-{server}.json").write_text(json.dumps(peers.received_bytes))
         return
-    links = [RemoteLink(s, WORKERS + s, group) for s in range(SERVERS)]
+    links = [RemoteLink(s, WORKERS + s, peers) for s in range(SERVERS)]
     client = RowClient(rank, links, OWNERS, (WIDTH, WIDTH), max_rows=16, timeout_s=30.0)
     ids = torch.arange(ENTITIES)  # more rows than one message carries: split by max_rows
     none = torch.zeros(0, dtype=torch.int64)
@@ -75,6 +79,7 @@ def _job(rank: int, world_size: int, mode: str, bound: int | None, out: str) -> 
         stats = client.control(Op.STATS, STEPS, fresh=False)
         result["staleness"] = [s["staleness"] for s in stats]
     client.bye()
+    result["sent_bytes"] = client.sent_bytes()
     Path(out, f"worker-{rank}.json").write_text(json.dumps(result))
 
 
@@ -91,6 +96,10 @@ def test_modes_with_a_stalled_worker(
     assert ranks == list(range(WORKERS + SERVERS))
     fast = json.loads((tmp_path / "worker-0.json").read_text())
     assert fast["reached"] == reached
+    # every byte a worker sent was received, and counted, by a server (the peer layer)
+    sent = [json.loads((tmp_path / f"worker-{w}.json").read_text())["sent_bytes"] for w in (0, 1)]
+    received = [json.loads((tmp_path / f"server-{s}.json").read_text()) for s in (0, 1)]
+    assert min(sent) > 0 and sum(sent) == sum(received)
     staleness = [int(k) for hist in fast["staleness"] for k in hist]
     if mode == "async":
         assert "error" not in fast and fast["rows_ok"]

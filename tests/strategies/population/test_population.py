@@ -265,3 +265,17 @@ def test_the_known_optimum(runs: Path) -> None:
         losses[lr] = float(np.mean(scores))
     best = min(losses, key=losses.__getitem__)
     assert 0.18 <= best <= 1.0, losses
+
+
+def test_early_stopping_counts_generations_without_improvement(runs: Path) -> None:
+    """The driver's early stopping serves populations too: the best member's validation is
+    the population's. min_delta 1.0: no accuracy improves by that much, so after the first
+    generation's evaluation one more (patience 1) ends the run, at a generation boundary."""
+    job = _small_population(runs, "patience", 1)
+    job["train"].update(early_stopping_patience=1, early_stopping_min_delta=1.0)
+    results = shoal.train(job)
+    assert results["status"] == "completed" and results["stopped_early"] is True
+    assert results["generations"] == 2 and results["steps"] == 10
+    generations = [r for r in read_metrics(runs / "patience" / "metrics.jsonl")]
+    assert [r["generation"] for r in generations if r["event"] == "generation"] == [0, 1]
+    assert results["best"]["step"] == 5, "the first generation's best member is kept"

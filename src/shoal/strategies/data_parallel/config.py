@@ -6,7 +6,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.aggregation import AggregationConfig, NativeAggregationConfig
+from shoal.comm.config import AggregationConfig, NativeAggregationConfig
 from shoal.config.base import StrategySection, fill_default_tag
 
 

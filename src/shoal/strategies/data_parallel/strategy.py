@@ -9,15 +9,14 @@ import torch.distributed as dist
 from torch import nn
 
 from shoal.comm.buckets import BucketedGradientSync
+from shoal.comm.config import GossipAggregationConfig
 from shoal.comm.gossip import GossipSync
-from shoal.comm.links import CommGroup
 from shoal.comm.registry import build_aggregator
 from shoal.comm.topology import neighbours
-from shoal.config.aggregation import GossipAggregationConfig
 from shoal.config.root import ShoalConfig
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import gather_tensors
-from shoal.strategies.base import Strategy
+from shoal.strategies.base import LEARNERS, Strategy
 from shoal.strategies.data_parallel.config import DataParallelStrategyConfig
 from shoal.training.contracts import GradientSync
 
@@ -35,7 +34,7 @@ class DataParallelStrategy(Strategy):
     config_class: ClassVar[type[DataParallelStrategyConfig]] = DataParallelStrategyConfig
 
     sync: GradientSync
-    state_family: ClassVar[str | None] = "learner"
+    resumes_from: ClassVar[tuple[str, ...]] = LEARNERS
 
     @classmethod
     def world_size(cls, config: ShoalConfig) -> int:
@@ -63,7 +62,7 @@ class DataParallelStrategy(Strategy):
                 'in this version; on CUDA use method = "native" (NCCL) without compression, '
                 'or set run.device = "cpu"'
             )
-        links = CommGroup.create(ctx.rank, ctx.world_size, ctx.hosts, ctx.config.faults.timeout_s)
+        links = self.comm_group()
         if isinstance(aggregation, GossipAggregationConfig):
             adjacency = neighbours(aggregation.topology, ctx.world_size)
             self.sync = GossipSync(model, links, adjacency)

@@ -4,6 +4,7 @@ The pieces, one file each: `config.py` (the `[strategy]` section), `partition.py
 (which samples each client holds), `selection.py` (who takes part in a round),
 `client.py` (one client's local work), `aggregation.py` (FedAvg, FedProx and the
 server-optimizer family), `secure.py` (pairwise additive masking), `privacy.py`
-(client-level differential privacy), `wire.py` (every tensor that crosses the
-process group, counted) and `strategy.py` (the round loop).
+(client-level differential privacy), `wire.py` (the audit of every tensor that
+crosses the process group; counting is the peer layer's, `comm/links.py`) and
+`strategy.py` (the round loop).
 """

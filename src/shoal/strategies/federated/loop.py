@@ -13,7 +13,8 @@ Every worker holds the global model x. A round:
 5. every worker applies the same server step to x (FedAvg, FedProx, FedOpt).
 
 Only model updates, report flags, round statistics and public keys cross the
-process group (see `wire.py`); a client's samples are read only by its worker.
+process group (a CommGroup, `comm/links.py`, audited by `wire.py`); a client's
+samples are read only by its worker.
 With one worker the loop runs in the calling process and nothing crosses at all.
 The unit of this loop is a round (`training/loop.py`): the driver evaluates the
 global model every `eval_every_rounds` rounds, keeps the best one (`best/`),
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from shoal.checkpoint.parts import Custom, FilePart, StatePart
+from shoal.comm.links import CommGroup
 from shoal.errors import JobFailed, ShoalError
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything
@@ -45,7 +47,7 @@ from shoal.strategies.federated.config import FederatedStrategyConfig
 from shoal.strategies.federated.partition import client_shards
 from shoal.strategies.federated.selection import select_clients
 from shoal.strategies.federated.vector import ModelVector
-from shoal.strategies.federated.wire import Wire
+from shoal.strategies.federated.wire import WireAudit
 from shoal.tasks.base import Task
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.loop import ModelOfRecord, Plan, Run
@@ -69,9 +71,14 @@ class FederatedLoop:
         task: Task,
         config: FederatedStrategyConfig,
         roles: RankRoles,
+        wire: CommGroup,
         detail: str,
     ) -> None:
+        """`wire`: the group every tensor of this loop crosses (counted, audited)."""
         self.ctx, self.task, self.config, self.roles, self.detail = ctx, task, config, roles, detail
+        self.wire = wire
+        self.audit = WireAudit() if config.audit_wire else None
+        wire.audit = self.audit
 
     # ---------------------------------------------------------------- setup
     def setup(self, run: Run) -> Plan:
@@ -87,7 +94,6 @@ class FederatedLoop:
             cfg.aggregation, self.vector.size
         )
         self.runner = ClientRunner(task, self.vector, self.model, self.aggregation, train, cfg)
-        self.wire = Wire(ctx, cfg.audit_wire)
         self.sum_names = self._probe_sums()
         # the first optimizer built in a process imports torch's compile machinery (about a
         # second): pay that now, not inside the first round's deadline
@@ -188,8 +194,8 @@ class FederatedLoop:
         }
 
     def close(self) -> None:
-        if self.config.audit_wire and hasattr(self, "wire"):
-            self.wire.save(self.ctx.paths.logs / f"wire-rank-{self.ctx.rank}.pt")
+        if self.audit is not None:
+            self.audit.save(self.ctx.paths.logs / f"wire-rank-{self.ctx.rank}.pt")
 
     # ---------------------------------------------------------------- a round
     def _round(self, rnd: int) -> None:

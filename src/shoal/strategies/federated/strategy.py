@@ -18,7 +18,6 @@ from shoal.strategies.federated.config import FederatedStrategyConfig
 from shoal.strategies.federated.loop import FederatedLoop
 from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync, LocalGradientSync
-from shoal.training.driver import Driver
 
 
 class FederatedStrategy(Strategy):
@@ -61,5 +60,7 @@ class FederatedStrategy(Strategy):
         return RankRoles.hosting(self.ctx.world_size, "client", self.config.num_clients)
 
     def run(self, task: Task) -> dict[str, Any]:
-        loop = FederatedLoop(self.ctx, task, self.config, self.roles, self.describe())
-        return Driver(self.ctx, task, loop, self.describe()).run()
+        loop = FederatedLoop(
+            self.ctx, task, self.config, self.roles, self.comm_group(), self.describe()
+        )
+        return self.drive(task, loop)

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from shoal.strategies.base import Strategy
+from shoal.strategies.base import LEARNERS, Strategy
 from shoal.strategies.local.config import LocalStrategyConfig
 from shoal.training.contracts import GradientSync, LocalGradientSync
 
@@ -17,7 +17,7 @@ class LocalStrategy(Strategy):
     config_class: ClassVar[type[LocalStrategyConfig]] = LocalStrategyConfig
 
     in_process: ClassVar[bool] = True
-    state_family: ClassVar[str | None] = "learner"
+    resumes_from: ClassVar[tuple[str, ...]] = LEARNERS
 
     def attach(self, model: nn.Module) -> GradientSync:
         return LocalGradientSync(model)

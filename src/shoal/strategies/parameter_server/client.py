@@ -103,6 +103,12 @@ class RowClient:
         """This worker has pushed `clock` clocks (a resumed run)."""
         self._pushed = clock
 
+    def sent_bytes(self) -> int:
+        """What this worker put on the wire to the servers (counted by their CommGroup; a
+        co-located server's link sends nothing)."""
+        groups = {id(link.peers): link.peers for link in self.links if link.peers is not None}
+        return sum(group.sent_bytes for group in groups.values())
+
     def note_held(self, *tensors: torch.Tensor) -> None:
         held = sum(t.numel() * t.element_size() for t in tensors)
         self.held_bytes = max(self.held_bytes, held)

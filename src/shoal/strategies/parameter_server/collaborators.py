@@ -15,7 +15,7 @@ copied the state of this one.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from torch import nn
 
@@ -24,9 +24,6 @@ from shoal.runtime.context import WorkerContext
 from shoal.strategies.parameter_server.client import RowClient
 from shoal.strategies.parameter_server.wire import Op
 from shoal.training.state import TrainProgress
-
-if TYPE_CHECKING:
-    from shoal.strategies.parameter_server.strategy import ParameterServerStrategy
 
 
 class ServedModel:
@@ -82,10 +79,10 @@ class ShardFiles:
 
 
 def server_section(
-    ctx: WorkerContext, strategy: ParameterServerStrategy, progress: TrainProgress
+    ctx: WorkerContext, client: RowClient, servers_line: str, mode: str, progress: TrainProgress
 ) -> dict[str, Any]:
-    """results.json's `parameter_server` section (collective over the workers)."""
-    client = strategy.client
+    """results.json's `parameter_server` section (collective over the workers);
+    `servers_line`: the strategy's one-line description, `mode`: its update mode."""
     totals = all_reduce_sum(ctx, client.stats.as_list())
     servers = client.control(Op.STATS, progress.global_step, fresh=False) if ctx.is_main else []
     train_s = max(progress.train_time_s, 1e-9)
@@ -97,8 +94,8 @@ def server_section(
     (peak,) = all_reduce_max(ctx, [float(client.held_bytes)])
     return {
         "parameter_server": {
-            "servers": strategy.describe(),
-            "mode": strategy.config.mode,
+            "servers": servers_line,
+            "mode": mode,
             "pulls": pulls,
             "pushes": pushes,
             "rows_per_s": (rows_pulled + rows_pushed) / train_s,

@@ -1,6 +1,8 @@
 """A server's side of the transport: read requests from any rank, answer them, stay in step.
 
-One receiver thread per remote rank posts a receive for that rank's next header,
+Every message goes through the servers' CommGroup (`comm/links.py`: timed waits
+naming the worker, bytes counted). One receiver thread per remote rank posts a
+receive for that rank's next header,
 then reads its payload, and puts the decoded message into an inbox; the serving loop
 takes messages from the inbox with a timeout (held requests expire, a silent job is
 noticed) and sends replies. A receive from *any* rank (`dist.recv` without `src`) is
@@ -40,19 +42,16 @@ its header announced ends the server, and the job fails naming the server's rank
 from __future__ import annotations
 
 import collections
-import datetime
 import logging
 import queue
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from shoal.comm.links import PeerTimeout, describe_failure
+from shoal.comm.links import NO_DEADLINE_S, CommGroup, PeerTimeout, Transfer, describe_failure
 from shoal.strategies.parameter_server.server import Reply, ShardServer, error_reply
 from shoal.strategies.parameter_server.transport import LocalChannel
 from shoal.strategies.parameter_server.wire import (
@@ -71,9 +70,6 @@ from shoal.strategies.parameter_server.wire import (
     stamp,
     unpack_payload,
 )
-
-# A header receive's deadline: none in practice (see the module docstring).
-_UNTIL_HEARD = datetime.timedelta(days=365)
 
 
 @dataclass
@@ -98,11 +94,10 @@ class Channels:
     """What a server reads from each rank: the sequence number it expects next, and whether
     it still reads from that rank at all (`closed`: rank -> why not)."""
 
-    def __init__(self, server: int, group: Any, bounds: Bounds, timeout_s: float) -> None:
+    def __init__(self, server: int, peers: CommGroup, bounds: Bounds) -> None:
         self.server = server
-        self.group = group
+        self.peers = peers
         self.bounds = bounds
-        self.timeout_s = timeout_s
         self.expected: collections.defaultdict[int, int] = collections.defaultdict(lambda: 1)
         self.closed: dict[int, str] = {}
         self.heard = time.monotonic()  # when the last header arrived
@@ -111,9 +106,10 @@ class Channels:
     def receive(self, source: int) -> Message | Rejected:
         """The next request of rank `source`: read to its end, or refused (blocking)."""
         raw = torch.zeros(HEADER_LEN, dtype=torch.int64)  # a truncated header keeps zeros
-        work = dist.irecv(raw, source, group=self.group, tag=Tag.HEADER)
-        assert work is not None, "this rank is not in the servers' group"
-        work.wait(_UNTIL_HEARD)
+        what = f"server {self.server}: the next request of rank {source}"
+        self.peers.irecv(source, raw, what, tag=Tag.HEADER, role=f"worker {source}").wait(
+            NO_DEADLINE_S
+        )
         self.heard = time.monotonic()
         return self.read(raw, source)
 
@@ -158,18 +154,14 @@ class Channels:
             return None
         payload = torch.empty(size, dtype=torch.uint8)
         payload[-STAMP_LEN:] = 0  # a short payload leaves these: never a valid stamp
-        work = dist.irecv(payload, source, group=self.group, tag=Tag.PAYLOAD)
+        what = (
+            f"server {self.server}: rank {source} announced a payload of {size} bytes "
+            f"(its message seq {v[3]}) and did not send it within {self.peers.timeout_s:g} s"
+        )
+        transfer = self.peers.irecv(source, payload, what, tag=Tag.PAYLOAD, role=f"worker {source}")
         self.reading.add(source)
-        try:
-            assert work is not None, "this rank is not in the servers' group"
-            work.wait(datetime.timedelta(seconds=self.timeout_s))
-            self.reading.discard(source)
-        except Exception as exc:
-            raise PeerTimeout(
-                f"server {self.server}: rank {source} announced a payload of {size} bytes "
-                f"(its message seq {v[3]}) and did not send it within {self.timeout_s:g} s "
-                f"(faults.timeout_s): {describe_failure(exc)}"
-            ) from exc
+        transfer.wait()
+        self.reading.discard(source)
         return payload
 
     def _close(self, raw: torch.Tensor, source: int, reason: str) -> Rejected:
@@ -201,25 +193,25 @@ class ServerEndpoint:
     def __init__(
         self,
         server: ShardServer,
-        group: Any,
+        peers: CommGroup,
         widths: tuple[int, int],
         max_rows: int,
-        timeout_s: float,
         log: logging.Logger,
         local: LocalChannel | None = None,
         on_tick: Callable[[ShardServer], None] | None = None,
     ) -> None:
+        """`peers`: the servers' group, a view of its own (its bytes are the server's)."""
         self.server = server
-        self.group = group
-        self.timeout_s = timeout_s
+        self.peers = peers
+        self.timeout_s = peers.timeout_s
         self.log = log
         self.local = local
         self.on_tick = on_tick
-        self.channels = Channels(server.index, group, Bounds.of(max_rows, widths), timeout_s)
+        self.channels = Channels(server.index, peers, Bounds.of(max_rows, widths))
         self.inbox: queue.Queue[Message | Rejected | _Failed] = queue.Queue()
         if local is not None:
             local.inbox = self.inbox
-        self._unsent: list[tuple[Any, torch.Tensor]] = []
+        self._unsent: list[Transfer] = []
 
     def remote_workers(self) -> list[int]:
         local = self.local.worker if self.local is not None else -1
@@ -339,30 +331,25 @@ class ServerEndpoint:
             blob = torch.frombuffer(bytearray(reply.blob), dtype=torch.uint8)
             sends.append((Tag.REPLY_BLOB, blob))
         wait = header.op != Op.ERROR
-        try:
-            for tag, tensor in sends:
-                work = dist.isend(tensor, reply.worker, group=self.group, tag=tag)
-                assert work is not None, "this rank is not in the servers' group"
-                if wait and tag != Tag.REPLY_BLOB:
-                    work.wait(datetime.timedelta(seconds=self.timeout_s))
-                else:
-                    self._unsent.append((work, tensor))
-        except Exception as exc:
-            raise PeerTimeout(
-                f"server {self.server.index}: sending a reply to worker {reply.worker} failed: "
-                f"{describe_failure(exc)}"
-            ) from exc
+        what = f"server {self.server.index}: a reply (seq {header.seq})"
+        role = f"worker {reply.worker}"
+        for tag, tensor in sends:
+            transfer = self.peers.isend(reply.worker, tensor, what, tag=tag, role=role)
+            if wait and tag != Tag.REPLY_BLOB:
+                transfer.wait()
+            else:
+                self._unsent.append(transfer)
 
     def _reap(self) -> None:
         """Forget the sends in flight that completed (their buffers may be freed)."""
         if self._unsent:
-            self._unsent = [(w, t) for w, t in self._unsent if not w.is_completed()]
+            self._unsent = [transfer for transfer in self._unsent if not transfer.done()]
 
     def _flush(self) -> None:
-        for work, _ in self._unsent:
+        for transfer in self._unsent:
             try:
-                work.wait(datetime.timedelta(seconds=min(self.timeout_s, 10.0)))
-            except Exception as exc:  # the worker failed on its own: its report says why
+                transfer.wait(min(self.timeout_s, 10.0))
+            except PeerTimeout as exc:  # the worker failed on its own: its report says why
                 self.log.warning(
                     "server %d: a reply was not delivered: %s",
                     self.server.index,

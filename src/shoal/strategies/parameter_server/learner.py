@@ -89,7 +89,7 @@ class ServerSync(GradientSync):
         return 0.0
 
     def take_sent_bytes(self) -> int:
-        total = sum(link.sent_bytes for link in self.client.links)
+        total = self.client.sent_bytes()
         sent, self._sent = total - self._sent, total
         return sent
 

@@ -6,9 +6,9 @@ on a thread of their own: dealt over the hosts in turn (`server_ranks`), so
 that on 2 hosts x 2 ranks servers 0 and 1 run on ranks 0 and 2, one per host.
 
 Two process groups are made collectively by every rank at the start: one for
-the servers' point-to-point traffic (its own, so row messages never interleave
-with collectives) and one of the workers, on which the trainer's collectives
-(metrics, evaluation, checkpoints) run.
+the servers' point-to-point traffic (a CommGroup of its own, `comm/links.py`, so
+row messages never interleave with collectives) and one of the workers, on which
+the trainer's collectives (metrics, evaluation, checkpoints) run.
 
 Relations are served like entities rather than replicated and all-reduced: an
 all-reduce would make every worker wait for every other each step, which is
@@ -58,7 +58,6 @@ from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.task import KGETask
 from shoal.tasks.kge.training_types import unserved_reason
 from shoal.training.contracts import GradientSync
-from shoal.training.driver import Driver
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.steps import StepCollaborators, StepLoop
 
@@ -118,7 +117,7 @@ class ParameterServerStrategy(Strategy):
             raise ShoalError("strategy parameter_server trains task type 'kge'")
         ctx, config = self.ctx, self.config
         timeout = datetime.timedelta(seconds=ctx.config.faults.timeout_s)
-        self.group = dist.new_group(backend="gloo", timeout=timeout)  # collective: all ranks
+        self.peers = self.comm_group(backend="gloo")  # collective: all ranks
         worker_ranks = list(self.roles.workers)
         workers_group = dist.new_group(ranks=worker_ranks, timeout=timeout)
         self.task = task
@@ -163,10 +162,12 @@ class ParameterServerStrategy(Strategy):
             ),
             files=lambda progress: [ShardFiles(worker_ctx, self.client, progress)],
             after_restore=self.resume_clock,
-            section=lambda progress: server_section(worker_ctx, self, progress),
+            section=lambda progress: server_section(
+                worker_ctx, self.client, self.describe(), self.config.mode, progress
+            ),
         )
         loop = StepLoop(worker_ctx, task, self, collaborators)
-        results = Driver(worker_ctx, task, loop, self.describe()).run()
+        results = self.drive(task, loop, worker_ctx)
         self.client.bye()
         if thread is not None:
             thread.join(timeout=ctx.config.faults.timeout_s)
@@ -221,10 +222,10 @@ class ParameterServerStrategy(Strategy):
 
         return ServerEndpoint(
             shard,
-            self.group,
+            # a view of the group of its own: the server's bytes are not its worker's
+            dataclasses.replace(self.peers, sent_bytes=0, received_bytes=0),
             widths,
             config.max_message_rows,
-            ctx.config.faults.timeout_s,
             ctx.log,
             channel,
             tick if channel is None else None,
@@ -239,7 +240,7 @@ class ParameterServerStrategy(Strategy):
             if channel is not None and rank == self.ctx.rank:
                 links.append(LocalLink(server, rank, channel))
             else:
-                links.append(RemoteLink(server, rank, self.group))
+                links.append(RemoteLink(server, rank, self.peers))
         widths = _widths(task)
         self.client = RowClient(
             self.ctx.rank,

@@ -2,10 +2,13 @@
 
 :class:`RemoteLink`: a request posts the receives of its reply first (gloo then
 sends without an extra round trip), then sends its header and its payload (see
-`wire.py`); every wait has a timeout and its error names the server. Messages
+`wire.py`), all through the servers' CommGroup (`comm/links.py`: every wait has
+a timeout, its error names the server, bytes are counted there). Messages
 between two ranks on one tag arrive in sending order, which is what pairs a
-header with its payload and a request with its reply. Each link numbers its
-messages 1, 2, 3, ... (`seq`); a reply names the request it answers.
+header with its payload and a request with its reply; requests and replies have
+tags of their own, since a co-located rank sends both to the same peer. Each
+link numbers its messages 1, 2, 3, ... (`seq`); a reply names the request it
+answers.
 
 With co-located servers a worker's requests to the server in its own process
 skip the network (:class:`LocalLink`, the same messages through queues). The
@@ -14,7 +17,6 @@ server's side is `endpoint.py`.
 
 from __future__ import annotations
 
-import datetime
 import queue
 import time
 from abc import ABC, abstractmethod
@@ -23,9 +25,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from shoal.comm.links import PeerTimeout, describe_failure
+from shoal.comm.links import CommGroup, PeerTimeout, Transfer
 from shoal.errors import JobFailed, ShoalError
 from shoal.strategies.parameter_server.server import Reply
 from shoal.strategies.parameter_server.wire import (
@@ -44,6 +45,11 @@ class ServerRefused(ShoalError):
 
 
 # ---------------------------------------------------------------- worker side
+def _what(header: Header) -> str:
+    """A request, as errors name it."""
+    return f"worker {header.sender}'s {header.op.name.lower()} for clock {header.clock}"
+
+
 @dataclass
 class LocalChannel:
     """The queues between a co-located worker and the server thread in its process.
@@ -96,8 +102,13 @@ class Link(ABC):
 
     server: int
     rank: int
-    sent_bytes: int = 0
+    #: the group a remote link sends on (None: in-process)
+    peers: CommGroup | None = None
     _seq: int = 0
+
+    @property
+    def role(self) -> str:
+        return f"server {self.server}"
 
     def _number(self, header: Header) -> Header:
         self._seq += 1
@@ -119,17 +130,21 @@ class Link(ABC):
 
 
 class RemoteLink(Link):
-    def __init__(self, server: int, rank: int, group: Any) -> None:
+    """To server `server` on rank `rank`, over the servers' CommGroup `peers`."""
+
+    peers: CommGroup
+
+    def __init__(self, server: int, rank: int, peers: CommGroup) -> None:
         self.server = server
         self.rank = rank
-        self.group = group
-        self._sends: list[tuple[Any, torch.Tensor]] = []
+        self.peers = peers
+        self._sends: list[Transfer] = []
 
-    def _isend(self, tag: Tag, tensor: torch.Tensor) -> None:
-        if tensor.numel():
-            work = dist.isend(tensor, self.rank, group=self.group, tag=tag)
-            self._sends.append((work, tensor))
-            self.sent_bytes += tensor.numel() * tensor.element_size()
+    def _isend(self, tag: Tag, tensor: torch.Tensor, what: str) -> None:
+        self._sends.append(self.peers.isend(self.rank, tensor, what, tag=tag, role=self.role))
+
+    def _irecv(self, tag: Tag, tensor: torch.Tensor, what: str) -> Transfer:
+        return self.peers.irecv(self.rank, tensor, what, tag=tag, role=self.role)
 
     def _send_message(
         self,
@@ -142,37 +157,32 @@ class RemoteLink(Link):
         self._number(header)
         header.values = values.numel() if values is not None else 0
         header.blob_len = len(blob)
-        self._isend(Tag.HEADER, header.tensor())
+        what = _what(header)
+        self._isend(Tag.HEADER, header.tensor(), what)
         if header.payload_bytes:
-            self._isend(Tag.PAYLOAD, pack_payload(header, ids, values, blob))
+            self._isend(Tag.PAYLOAD, pack_payload(header, ids, values, blob), what)
 
     def request(
         self, header: Header, ids: torch.Tensor | None, blob: bytes, reply_values: int
     ) -> PendingReply:
+        what = f"the reply to {_what(header)}"
         raw = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        header_work = dist.irecv(raw, self.rank, group=self.group, tag=Tag.REPLY_HEADER)
+        header_in = self._irecv(Tag.REPLY_HEADER, raw, what)
         values = torch.empty(reply_values)
-        values_work = (
-            dist.irecv(values, self.rank, group=self.group, tag=Tag.REPLY_VALUES)
-            if reply_values
-            else None
-        )
+        values_in = self._irecv(Tag.REPLY_VALUES, values, what)
         self._send_message(header, ids, None, blob)
-        what = f"{header.op.name.lower()} for clock {header.clock}"
 
         def wait_reply(timeout_s: float) -> Reply:
-            self._wait(header_work, timeout_s, what)
+            header_in.wait(timeout_s)
             parsed = Header.parse(raw, UNBOUNDED)
             reply = Reply(-1, parsed)
             if parsed.blob_len:
                 blob_in = torch.empty(parsed.blob_len, dtype=torch.uint8)
-                work = dist.irecv(blob_in, self.rank, group=self.group, tag=Tag.REPLY_BLOB)
-                self._wait(work, timeout_s, what)
+                self._irecv(Tag.REPLY_BLOB, blob_in, what).wait(timeout_s)
                 reply.blob = bytes(blob_in.numpy().tobytes())
-            if values_work is not None:  # an error's too: the server sends one (a float)
-                self._wait(values_work, timeout_s, what)
-                if parsed.op != Op.ERROR:
-                    reply.values = values
+            values_in.wait(timeout_s)  # an error's too: the server sends one (a float)
+            if reply_values and parsed.op != Op.ERROR:
+                reply.values = values
             return reply
 
         return PendingReply(self, header, wait_reply)
@@ -181,18 +191,9 @@ class RemoteLink(Link):
         self._send_message(header, ids, values, b"")
 
     def flush(self, timeout_s: float) -> None:
-        for work, _ in self._sends:
-            self._wait(work, timeout_s, "sending")
+        for transfer in self._sends:
+            transfer.wait(timeout_s)
         self._sends.clear()
-
-    def _wait(self, work: Any, timeout_s: float, what: str) -> None:
-        failure = f"server {self.server} (rank {self.rank}) did not answer {what}"
-        try:
-            done = work.wait(datetime.timedelta(seconds=timeout_s))
-        except Exception as exc:
-            raise PeerTimeout(f"{failure} within {timeout_s:g} s: {describe_failure(exc)}") from exc
-        if done is False:
-            raise PeerTimeout(f"{failure} within {timeout_s:g} s (faults.timeout_s)")
 
 
 class LocalLink(Link):
@@ -221,8 +222,8 @@ class LocalLink(Link):
             reply = self.channel.reply_to(header.seq, timeout_s)
             if reply is None:
                 raise PeerTimeout(
-                    f"server {self.server} (in this process) did not answer "
-                    f"{header.op.name.lower()} for clock {header.clock} within {timeout_s:g} s"
+                    f"the reply to {_what(header)}: server {self.server} (in this process) did "
+                    f"not answer within {timeout_s:g} s (faults.timeout_s)"
                 )
             return reply
 

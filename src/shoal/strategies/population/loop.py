@@ -37,6 +37,8 @@ from typing import Any
 import numpy as np
 
 from shoal.checkpoint.parts import FilePart, RankRngs, StatePart
+from shoal.comm.codec import recv_tree, send_tree
+from shoal.comm.links import CommGroup
 from shoal.errors import ConfigError, ShoalError
 from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.context import WorkerContext
@@ -56,12 +58,11 @@ from shoal.strategies.population.operators import (
     fitness,
     stream,
 )
-from shoal.strategies.population.parts import Book, Members
+from shoal.strategies.population.parts import BookPart, Members, PopulationBook
 from shoal.strategies.population.plot import PLOT_FILE, PlotFollower
 from shoal.strategies.population.record import BestMember, best_member
-from shoal.strategies.population.reporting import log_generation
-from shoal.strategies.population.space import Hyperparameters, sample_all
-from shoal.strategies.population.transfer import recv_tree, send_tree
+from shoal.strategies.population.reporting import GenerationReport
+from shoal.strategies.population.space import sample_all
 from shoal.tasks.base import Task
 from shoal.training.batching import steps_per_epoch
 from shoal.training.faults import InjectedFault, maybe_inject_fault
@@ -86,9 +87,12 @@ class PopulationLoop:
         task: Task,
         config: PopulationStrategyConfig,
         roles: RankRoles,
+        peers: CommGroup,
         describe: str,
     ) -> None:
+        """`peers`: the group members' states travel on (exploit copies, checkpoints)."""
         self.ctx, self.roles, self.task, self.config = ctx, roles, task, config
+        self.peers = peers
         self.describe, self.train = describe, ctx.config.train
         # each worker scores its own members, which the others do not have: the task's
         # evaluation (collective) runs among the ranks of a world of one
@@ -97,14 +101,6 @@ class PopulationLoop:
         self.size = config.population_size
         self.space = config.search_space
         self.metric, self.mode = resolve_metric(config, type(task))
-        self.history: list[Generation] = []
-        self.failures = 0
-        self.replaced = 0
-        self.samples = 0
-        self.next_generation = 0
-        # seconds: training steps and evaluation summed over all members (every worker's);
-        # exchanges (results, exploit copies) and checkpoint gathers as this worker spent them
-        self.times = {"compute": 0.0, "evaluation": 0.0, "communication": 0.0, "checkpoint": 0.0}
         self.plot = PlotFollower(ctx.paths.root / PLOT_FILE, self.metric, self.space)
         self._fault_fired = False
 
@@ -128,20 +124,22 @@ class PopulationLoop:
             limits.append(config.generations * config.ready_interval)
         self.total_steps = int(min(limits))
         self.generations = math.ceil(self.total_steps / config.ready_interval)
-        self.hyper: list[Hyperparameters] = [
-            sample_all(self.space, stream(train.seed, INIT_STREAM, m)) for m in range(self.size)
-        ]
-        self.parents: list[int | None] = [None] * self.size
+        self.book = PopulationBook(
+            [sample_all(self.space, stream(train.seed, INIT_STREAM, m)) for m in range(self.size)]
+        )
         self.members: dict[int, Member] = {}
         for m in range(self.size):
             if self.roles.owner(m) == ctx.rank:
                 taken = [member.model for member in self.members.values()]
                 seed = member_seed(train.seed, m)
                 self.members[m] = Member(ctx, self.task, m, seed, self.total_steps, taken)
-                self.members[m].set_hyperparameters(self.hyper[m])
+                self.members[m].set_hyperparameters(self.book.hyper[m])
         seed_everything(train.seed)  # the testing model: its weights come from a member
         tested = self.task.build_model().to(ctx.device)
-        self.record = BestMember(ctx, self.roles, tested, self.members)
+        self.record = BestMember(ctx, self.peers, self.roles, tested, self.members)
+        self.report = GenerationReport(
+            run, self.roles, self.metric, self.mode, config.split, self.generations
+        )
         return Plan(
             unit="generation",
             total=self.total_steps,
@@ -161,7 +159,12 @@ class PopulationLoop:
         """The book first: the members take their hyperparameters from it. Each member
         carries its own generators, so a resume on another number of workers draws as an
         uninterrupted run does: the workers' own generators need no reseeding."""
-        return {"population": Book(self), "members": Members(self), "rng": RankRngs(self.ctx)}
+        members = Members(self.ctx, self.peers, self.roles, self.members, self.book, self.run)
+        return {
+            "population": BookPart(self.book, self.record),
+            "members": members,
+            "rng": RankRngs(self.ctx),
+        }
 
     def file_parts(self) -> list[FilePart]:
         return []
@@ -169,11 +172,11 @@ class PopulationLoop:
     def after_restore(self) -> None:
         """Lines of later generations before this one are of the lost attempt: say where
         this one resumed."""
-        self.progress.global_step = self.history[-1].end if self.history else 0
+        self.progress.global_step = self.book.history[-1].end if self.book.history else 0
         self.run.metrics.write(
             {
                 "event": "resume",
-                "generation": self.next_generation,
+                "generation": self.book.next_generation,
                 "step": self.progress.global_step,
                 "checkpoint": self.ctx.resume_from,
             }
@@ -187,7 +190,7 @@ class PopulationLoop:
 
     def _validation(self) -> dict[str, dict[str, float]]:
         """The best member's figures of the latest generation, measured by its worker."""
-        generation = self.history[-1]
+        generation = self.book.history[-1]
         self.record.current = best_member(generation, self.mode)
         return {self.config.split: dict(generation.members[self.record.current].metrics)}
 
@@ -196,13 +199,13 @@ class PopulationLoop:
         """Nothing before the first generation: each member trains in its own learner."""
 
     def done(self) -> bool:
-        return self.next_generation >= self.generations
+        return self.book.next_generation >= self.generations
 
     def run_unit(self) -> bool:
-        self._generation(self.next_generation)
-        self.progress.global_step = self.history[-1].end
+        self._generation(self.book.next_generation)
+        self.progress.global_step = self.book.history[-1].end
         if self.ctx.is_main:
-            self.plot.follow(self.history)
+            self.plot.follow(self.book.history)
         return False
 
     def next_epoch(self) -> None:
@@ -215,7 +218,7 @@ class PopulationLoop:
     def flush(self) -> None:
         """Every generation is recorded as it ends; a run in which no validation selected a
         best member tests the latest best one."""
-        if self.history:
+        if self.book.history:
             self.record.take_latest()
 
     def close(self) -> None:
@@ -236,13 +239,13 @@ class PopulationLoop:
             )
         exchange_started = time.perf_counter()
         everyone = self._exchange(local)
-        self.times["communication"] += time.perf_counter() - exchange_started
+        self.book.times["communication"] += time.perf_counter() - exchange_started
         scores = [self._score(everyone[m]) for m in range(self.size)]
         records = [
             MemberRecord(
-                dict(self.hyper[m]),
+                dict(self.book.hyper[m]),
                 scores[m],
-                self.parents[m],
+                self.book.parents[m],
                 everyone[m].loss,
                 everyone[m].error,
                 everyone[m].metrics,
@@ -250,19 +253,19 @@ class PopulationLoop:
             for m in range(self.size)
         ]
         generation = Generation(g, start, start + steps, records)
-        self.history.append(generation)
+        self.book.history.append(generation)
         for stats in everyone.values():
-            self.times["compute"] += stats.compute_s
-            self.times["evaluation"] += stats.eval_s
-            self.samples += stats.samples
-            self.failures += stats.error is not None
-        log_generation(self, generation, everyone)
+            self.book.times["compute"] += stats.compute_s
+            self.book.times["evaluation"] += stats.eval_s
+            self.book.samples += stats.samples
+            self.book.failures += stats.error is not None
+        self.report.log(generation, everyone, self.members)
         best = generation.members[best_member(generation, self.mode)]
         self.run.last_train.clear()
         self.run.last_train["loss"] = best.train_loss
         if g + 1 < self.generations:
             self._evolve(g, scores, start + steps)
-        self.next_generation = g + 1
+        self.book.next_generation = g + 1
 
     def _before_step(self, step: int) -> None:
         if self.ctx.heartbeat is not None:
@@ -307,17 +310,17 @@ class PopulationLoop:
         if len(failed) == self.size:
             raise PopulationFailed(
                 f"every member of the population failed in generation {g}; first: "
-                f"member 0: {self.history[-1].members[0].error}"
+                f"member 0: {self.book.history[-1].members[0].error}"
             )
         seed = self.train.seed
         exploit = EXPLOITS.get(self.config.exploit.method)
         explore = EXPLORES.get(self.config.explore.method)
         copies = exploit(fit, self.config.exploit, stream(seed, EXPLOIT_STREAM, g))
         self._copy_states(copies)
-        self.parents = [None] * self.size
+        self.book.parents = [None] * self.size
         for c in copies:
             new = explore(
-                self.hyper[c.winner],
+                self.book.hyper[c.winner],
                 self.space,
                 self.config.explore,
                 stream(seed, EXPLORE_STREAM, g, c.loser),
@@ -331,15 +334,15 @@ class PopulationLoop:
                     "parent": c.winner,
                     "reason": "failed" if c.loser in failed else "exploit",
                     "hyperparameters": new,
-                    "parent_hyperparameters": self.hyper[c.winner],
+                    "parent_hyperparameters": self.book.hyper[c.winner],
                 }
             )
-            self.hyper[c.loser] = new
-            self.parents[c.loser] = c.winner
+            self.book.hyper[c.loser] = new
+            self.book.parents[c.loser] = c.winner
             if c.loser in self.members:
                 self.members[c.loser].set_hyperparameters(new)
-        self.replaced += len(copies)
-        self.times["communication"] += time.perf_counter() - started
+        self.book.replaced += len(copies)
+        self.book.times["communication"] += time.perf_counter() - started
 
     def _copy_states(self, copies: list[Copy]) -> None:
         """Each loser takes its winner's weights, optimizer state and schedule.
@@ -361,21 +364,23 @@ class PopulationLoop:
             if src == rank and dst == rank:
                 self.members[c.loser].load_exploit_state(copy.deepcopy(snapshots[c.winner]))
             elif src == rank:
-                send_tree(self.ctx, snapshots[c.winner], dst, what)
+                send_tree(self.peers, snapshots[c.winner], dst, what, f"member {c.loser}'s host")
             elif dst == rank:
-                self.members[c.loser].load_exploit_state(recv_tree(self.ctx, src, what))
+                role = f"member {c.winner}'s host"
+                state = recv_tree(self.peers, src, what, self.ctx.device, role)
+                self.members[c.loser].load_exploit_state(state)
 
     # ------------------------------------------------------------ results
     def section(self) -> dict[str, Any]:
         """The population's results.json fields: the final population's best member, its
         schedule, every member; rank 0 draws the plot."""
-        history = self.history
+        history = self.book.history
         if not history:
             return {"population_size": self.size, "generations": 0}
         last = history[-1]
         best = best_member(last, self.mode)
         record = last.members[best]
-        samples = self.samples
+        samples, compute_s = self.book.samples, self.book.times["compute"]
         if self.ctx.is_main:
             self.plot.write(history)
         return {
@@ -383,8 +388,8 @@ class PopulationLoop:
             "generations": len(history),
             "steps": last.end,
             "samples": samples,
-            "samples_per_s": samples / self.times["compute"] if self.times["compute"] else 0.0,
-            "time_s": dict(self.times),
+            "samples_per_s": samples / compute_s if compute_s else 0.0,
+            "time_s": dict(self.book.times),
             "metric": self.metric,
             "mode": self.mode,
             "best": {
@@ -403,8 +408,8 @@ class PopulationLoop:
                 }
                 for m, r in enumerate(last.members)
             ],
-            "failures": self.failures,
-            "replaced": self.replaced,
+            "failures": self.book.failures,
+            "replaced": self.book.replaced,
             "plot": str(self.plot.path),
         }
 

@@ -4,7 +4,7 @@ Each generation the driver selects on the best member's figures (the loop
 measured them on `strategy.split`). When they are the best so far, the worker
 that holds that member keeps a copy of its weights in memory. After training
 the copy travels from that worker to every other (a state tree over the peer
-layer, `transfer.py`) into a model built on each rank for the purpose, so the
+layer, `comm/codec.py`) into a model built on each rank for the purpose, so the
 test splits are evaluated collectively, as under every strategy, and the task
 exports its artifacts from it. A resumed run whose best came before it reads
 the member's weights from `best/`, which holds the whole population and, in
@@ -21,12 +21,13 @@ import torch
 from torch import nn
 
 from shoal.checkpoint.integrity import load_checkpoint
+from shoal.comm.codec import recv_tree, send_tree
+from shoal.comm.links import CommGroup
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.population.lineage import Generation
 from shoal.strategies.population.member import Member
 from shoal.strategies.population.operators import fitness
-from shoal.strategies.population.transfer import recv_tree, send_tree
 
 
 def best_member(generation: Generation, mode: str) -> int:
@@ -41,9 +42,15 @@ class BestMember:
     """The best member's weights, the same on every rank once `restore_best` ran."""
 
     def __init__(
-        self, ctx: WorkerContext, roles: RankRoles, model: nn.Module, members: dict[int, Member]
+        self,
+        ctx: WorkerContext,
+        peers: CommGroup,
+        roles: RankRoles,
+        model: nn.Module,
+        members: dict[int, Member],
     ) -> None:
-        self.ctx, self.roles, self._model, self.members = ctx, roles, model, members
+        self.ctx, self.peers, self.roles = ctx, peers, roles
+        self._model, self.members = model, members
         self.current = 0  # the best member of the latest generation (set by the loop)
         self.kept: int | None = None  # the member whose weights were kept as the best
         self.best: dict[str, torch.Tensor] | None = None  # on the rank that holds it
@@ -87,7 +94,7 @@ class BestMember:
             assert state is not None
             for peer in range(self.ctx.world_size):
                 if peer != rank:
-                    send_tree(self.ctx, state, peer, what)
+                    send_tree(self.peers, state, peer, what)
         else:
-            state = recv_tree(self.ctx, owner, what)
+            state = recv_tree(self.peers, owner, what, self.ctx.device, f"member {member}'s host")
         self._model.load_state_dict(state)

@@ -16,7 +16,6 @@ from shoal.strategies.population.loop import PopulationLoop, resolve_metric
 from shoal.tasks.base import Task
 from shoal.tasks.registry import task_class as _task_class
 from shoal.training.contracts import GradientSync, LocalGradientSync
-from shoal.training.driver import Driver
 
 
 class PopulationStrategy(Strategy):
@@ -78,5 +77,7 @@ class PopulationStrategy(Strategy):
         return RankRoles.hosting(self.ctx.world_size, "member", size, items_field=field)
 
     def run(self, task: Task) -> dict[str, Any]:
-        loop = PopulationLoop(self.ctx, task, self.config, self.roles, self.describe())
-        return Driver(self.ctx, task, loop, self.describe()).run()
+        loop = PopulationLoop(
+            self.ctx, task, self.config, self.roles, self.comm_group(), self.describe()
+        )
+        return self.drive(task, loop)

@@ -25,7 +25,7 @@ from shoal.config.root import ShoalConfig
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.roles import RankRoles
-from shoal.strategies.base import Strategy
+from shoal.strategies.base import LEARNERS, Strategy
 from shoal.strategies.spmd.config import (
     FullyShardedStrategyConfig,
     HybridStrategyConfig,
@@ -36,7 +36,6 @@ from shoal.strategies.spmd.layout import build_mesh, lay_out
 from shoal.strategies.spmd.sync import SpmdGradientSync, local
 from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync
-from shoal.training.driver import Driver
 from shoal.training.learner import Learner
 from shoal.training.state import TrainProgress
 from shoal.training.steps import StepCollaborators, StepLearner, StepLoop
@@ -49,7 +48,7 @@ class SpmdStrategy(Strategy):
     workers_field: ClassVar[str | None] = "degree"
     # the mesh may change on resume: the checkpoint's pieces reshard by name (DCP)
     resume_safe: ClassVar[tuple[str, ...]] = ("degree", "mesh.*", "data", "sequence_parallel")
-    state_family: ClassVar[str | None] = "learner"
+    resumes_from: ClassVar[tuple[str, ...]] = LEARNERS
 
     sync: SpmdGradientSync
 
@@ -115,7 +114,7 @@ class SpmdStrategy(Strategy):
             section=self._memory,
         )
         loop = StepLoop(ctx, view, self, collaborators)
-        return Driver(ctx, view, loop, self.describe()).run()
+        return self.drive(view, loop)
 
     def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> StepLearner:
         train = self.ctx.config.train

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from shoal.comm.topology import check_adjacency
 from shoal.config.base import ConfigModel, FieldError
 from shoal.plugins.kinds import AGGREGATORS, COMPRESSORS
 
@@ -187,8 +188,6 @@ class GossipAggregationConfig(ConfigModel):
                     "adjacency list such as [[1, 2], [0, 2], [0, 1]]"
                 )
             return value
-        from shoal.comm.topology import check_adjacency
-
         check_adjacency(value)
         return value
 

@@ -1,6 +1,7 @@
-"""Moving a member's state (weights, optimizer state, ...) between ranks, as tensors only.
+"""State trees (weights, optimizer state, ...) as tensors only, and moving them between ranks.
 
-A state is a tree of dicts, lists and tuples whose leaves are tensors, numbers,
+A codec, not a transport: the tensors travel over `links.py`'s CommGroup. A
+state is a tree of dicts, lists and tuples whose leaves are tensors, numbers,
 strings, booleans or None (what `state_dict()` returns). It is split into a
 JSON skeleton (the structure, the plain leaves, and each tensor's dtype, shape
 and place) and one flat uint8 payload holding every tensor's bytes. Both travel
@@ -15,9 +16,8 @@ import json
 from typing import Any
 
 import torch
-import torch.distributed as dist
 
-from shoal.runtime.context import WorkerContext
+from shoal.comm.links import CommGroup
 
 DTYPES = {
     str(t).removeprefix("torch."): t
@@ -36,10 +36,6 @@ DTYPES = {
         torch.complex128,
     )
 }
-
-
-class PeerLost(RuntimeError):
-    """A point-to-point exchange failed: the peer died or stopped answering (a timeout)."""
 
 
 def encode_tree(tree: Any) -> tuple[bytes, torch.Tensor]:
@@ -61,7 +57,7 @@ def encode_tree(tree: Any) -> tuple[bytes, torch.Tensor]:
             return {"l" if isinstance(node, list) else "u": [walk(item) for item in node]}
         if node is None or isinstance(node, bool | int | float | str):
             return {"v": node}
-        raise TypeError(f"cannot send a {type(node).__name__} in a member's state")
+        raise TypeError(f"cannot send a {type(node).__name__} in a state tree")
 
     skeleton = walk(tree)
     payload = torch.cat(parts) if parts else torch.zeros(0, dtype=torch.uint8)
@@ -76,7 +72,7 @@ def decode_tree(skeleton: bytes, payload: torch.Tensor, device: torch.device) ->
         if kind == "t":
             dtype_name, shape, start, size = value
             if dtype_name not in DTYPES:
-                raise ValueError(f"unexpected tensor dtype {dtype_name!r} in a member's state")
+                raise ValueError(f"unexpected tensor dtype {dtype_name!r} in a state tree")
             raw = payload[start : start + size].clone()  # fresh storage: aligned for any dtype
             return raw.view(DTYPES[dtype_name]).reshape(shape).to(device)
         if kind == "d":
@@ -90,39 +86,24 @@ def decode_tree(skeleton: bytes, payload: torch.Tensor, device: torch.device) ->
     return build(json.loads(skeleton.decode()))
 
 
-def send_tree(ctx: WorkerContext, tree: Any, dst: int, what: str) -> None:
-    """Send a state tree to rank `dst` (which calls `recv_tree` with this rank)."""
+def send_tree(peers: CommGroup, tree: Any, dst: int, what: str, role: str = "") -> None:
+    """Send a state tree to rank `dst` (which calls `recv_tree` with this rank): its sizes,
+    then its skeleton and payload, all posted before any is waited for."""
     skeleton, payload = encode_tree(tree)
-    device = ctx.comm_device
-    sizes = torch.tensor([len(skeleton), payload.numel()], dtype=torch.int64, device=device)
-    try:
-        dist.send(sizes, dst)
-        dist.send(torch.frombuffer(bytearray(skeleton), dtype=torch.uint8).to(device), dst)
-        if payload.numel():
-            dist.send(payload.to(device), dst)
-    except RuntimeError as exc:
-        raise PeerLost(_lost(ctx, dst, what, exc)) from exc
+    sizes = torch.tensor([len(skeleton), payload.numel()], dtype=torch.int64)
+    parts = [sizes, torch.frombuffer(bytearray(skeleton), dtype=torch.uint8), payload]
+    sends = [peers.isend(dst, part.to(peers.device), what, role=role) for part in parts]
+    for send in sends:
+        send.wait()
 
 
-def recv_tree(ctx: WorkerContext, src: int, what: str) -> Any:
-    """Receive the state tree rank `src` sends with `send_tree`; tensors land on ctx.device."""
-    device = ctx.comm_device
-    sizes = torch.zeros(2, dtype=torch.int64, device=device)
-    try:
-        dist.recv(sizes, src)
-        skeleton = torch.zeros(int(sizes[0]), dtype=torch.uint8, device=device)
-        dist.recv(skeleton, src)
-        payload = torch.zeros(int(sizes[1]), dtype=torch.uint8, device=device)
-        if payload.numel():
-            dist.recv(payload, src)
-    except RuntimeError as exc:
-        raise PeerLost(_lost(ctx, src, what, exc)) from exc
-    return decode_tree(bytes(skeleton.cpu().numpy().tobytes()), payload, ctx.device)
-
-
-def _lost(ctx: WorkerContext, peer: int, what: str, exc: BaseException) -> str:
-    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-    return (
-        f"rank {ctx.rank}: exchanging {what} with rank {peer} failed (rank {peer} stopped "
-        f"answering or failed; faults.timeout_s = {ctx.config.faults.timeout_s:g}): {first}"
-    )
+def recv_tree(peers: CommGroup, src: int, what: str, device: torch.device, role: str = "") -> Any:
+    """Receive the state tree rank `src` sends with `send_tree`; tensors land on `device`."""
+    sizes = torch.zeros(2, dtype=torch.int64, device=peers.device)
+    peers.irecv(src, sizes, what, role=role).wait()
+    skeleton = torch.zeros(int(sizes[0]), dtype=torch.uint8, device=peers.device)
+    payload = torch.zeros(int(sizes[1]), dtype=torch.uint8, device=peers.device)
+    received = [peers.irecv(src, part, what, role=role) for part in (skeleton, payload)]
+    for transfer in received:
+        transfer.wait()
+    return decode_tree(bytes(skeleton.cpu().numpy().tobytes()), payload, device)
