@@ -21,30 +21,30 @@ LM = (
     [
         (
             'type = "tensor_parallel"\ndegree = 3\n',
-            "bad.toml:18: strategy.degree: a tensor degree of 3 does not divide "
+            "bad.toml:17: strategy.degree: a tensor degree of 3 does not divide "
             "task.model.heads (4): each rank computes whole heads; choose a divisor of the heads",
         ),
         (
             'type = "hybrid"\nmesh = { data = 2, tensor = 3 }\n',
-            "bad.toml:18: strategy.mesh.tensor: a tensor degree of 3 does not divide "
+            "bad.toml:17: strategy.mesh.tensor: a tensor degree of 3 does not divide "
             "task.model.heads (4): each rank computes whole heads; choose a divisor of the heads",
         ),
         (
             'type = "hybrid"\nmesh = { data = 2, expert = 2 }\n',
-            "bad.toml:18: strategy.mesh.expert: unknown mesh dimension; choose from data, tensor",
+            "bad.toml:17: strategy.mesh.expert: unknown mesh dimension; choose from data, tensor",
         ),
         (
             'type = "hybrid"\nmesh = { data = 2, pipeline = 2 }\n',
-            "bad.toml:18: strategy.mesh.pipeline: a pipeline dimension is not built by this "
+            "bad.toml:17: strategy.mesh.pipeline: a pipeline dimension is not built by this "
             "version of hybrid; use data and tensor, or the pipeline strategy",
         ),
         (
             'type = "hybrid"\nmesh = { data = 0 }\n',
-            "bad.toml:18: strategy.mesh.data: must be at least 1, got 0",
+            "bad.toml:17: strategy.mesh.data: must be at least 1, got 0",
         ),
         (
             'type = "fully_sharded"\nsequence_parallel = true\n',
-            "bad.toml:18: strategy.sequence_parallel: needs a tensor dimension larger than 1",
+            "bad.toml:17: strategy.sequence_parallel: needs a tensor dimension larger than 1",
         ),
     ],
     ids=["heads", "mesh-heads", "unknown-dim", "pipeline-dim", "zero", "sp-without-tensor"],
