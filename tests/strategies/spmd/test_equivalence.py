@@ -15,6 +15,7 @@ import torch
 
 import shoal
 from shoal.checkpoint.sharded import plain_model_state
+from shoal.errors import JobFailed, TrainingHalted
 from tests.tasks.lm.helpers import lm_job, write_text
 
 STEPS = 6
@@ -66,3 +67,18 @@ def test_equals_local(
     ranks = results["memory"]["per_rank"]
     assert len(ranks) == results["world_size"]
     assert all(r["state_bytes"] > 0 and r["peak_rss_bytes"] > 0 for r in ranks)
+
+
+def test_nonfinite_gradient_halts_naming_rank_parameter_and_coordinates(
+    text: Path, tmp_path: Path
+) -> None:
+    """A NaN in rank 3's gradient of a data 2 x tensor 2 mesh (replicated data: found before
+    the data dimension's reduction) halts every rank, naming rank 3 and its coordinates."""
+    strategy = {"type": "hybrid", "mesh": {"data": 2, "tensor": 2}, "data": "replicated"}
+    job = lm_job(tmp_path / "runs", text, strategy=strategy, train={"max_steps": STEPS})
+    job["faults"] = {"inject": {"rank": 3, "step": 2, "kind": "nan"}}
+    with pytest.raises((TrainingHalted, JobFailed)) as caught:
+        shoal.train(job)
+    message = str(caught.value)
+    assert "training halted at step 2: non-finite gradients (NaN/Inf) on rank 3 (" in message
+    assert "embed.tok.weight [data 1, tensor 1]" in message
