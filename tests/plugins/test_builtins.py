@@ -35,7 +35,8 @@ def test_unknown_names_list_the_registered_ones() -> None:
         STRATEGIES.get("pipeline")
     assert str(caught.value) == (
         "unknown strategy 'pipeline'; registered: local, data_parallel, federated, "
-        "population_based, parameter_server (`shoal plugins` lists them with where each comes from)"
+        "population_based, parameter_server, tensor_parallel, fully_sharded, hybrid "
+        "(`shoal plugins` lists them with where each comes from)"
     )
 
 
