@@ -1,4 +1,5 @@
-"""`shoal train`, `shoal generate`, `shoal config validate|schema|show`, `shoal plugins`.
+"""`shoal train`, `shoal status`, `shoal generate`, `shoal config validate|schema|show`,
+`shoal plugins`.
 
 User errors print one line each (what, where, how to fix) and exit 2, without a
 traceback; a failed job exits 1 with the rank and error that caused it; a run
@@ -81,6 +82,16 @@ def _plugins(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _status(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from shoal.recovery.status import status_lines
+    from shoal.run import RunPaths
+
+    print("\n".join(status_lines(RunPaths(Path(args.run_dir)))))
+    return EXIT_OK
+
+
 def _generate(args: argparse.Namespace) -> int:
     from shoal.tasks.lm.generate import generate
 
@@ -125,6 +136,14 @@ def build_parser() -> argparse.ArgumentParser:
         "the changes are logged and recorded in metrics.jsonl",
     )
     train.set_defaults(handler=_train)
+
+    status = commands.add_parser(
+        "status",
+        help="every rank's role, state, step, heartbeat age and restarts (live while a job "
+        "runs, and after it ended)",
+    )
+    status.add_argument("run_dir", metavar="RUN_DIR", help="run directory")
+    status.set_defaults(handler=_status)
 
     generate = commands.add_parser(
         "generate", help="sample text from a language-model run's best checkpoint"

@@ -147,6 +147,43 @@ class FaultsConfig(ConfigModel):
         "come from a thread that keeps beating while the worker evaluates or writes a "
         "checkpoint (the longest gap measured: 1.01 s at a 1 s interval, writing 450 MB).",
     )
+    max_restarts: int = Field(
+        0,
+        ge=0,
+        description="Restart the job automatically this many times at most when a worker "
+        "dies, hangs or loses its peer (shoal's own launcher): the remaining workers are "
+        "stopped and a new set resumes from the newest verified checkpoint. 0: a failure "
+        "ends the job.",
+    )
+    snapshot_every_steps: int = Field(
+        0,
+        ge=0,
+        description="Keep the job's state in memory (tmpfs) every N steps, so that a restart "
+        "(max_restarts) loses at most N steps instead of everything since the last disk "
+        "checkpoint. 0: no snapshots. Only with shoal's own launcher.",
+    )
+    min_workers: int = Field(
+        0,
+        ge=0,
+        description="Elastic: when a worker cannot come back (it failed max_rank_failures "
+        "times), go on with one worker fewer, down to this many, resumed from the newest "
+        "state with the same global batch (data_parallel). 0: never shrink.",
+    )
+    max_rank_failures: int = Field(
+        2,
+        ge=1,
+        description="With min_workers: a rank that failed this many times is given up and "
+        "the job goes on without it.",
+    )
+    restart_backoff_s: float = Field(
+        1.0,
+        ge=0,
+        description="Wait before a restart; doubled for each further restart in a row whose "
+        "attempt made no progress (reached no step beyond the state it resumed from).",
+    )
+    restart_backoff_max_s: float = Field(
+        30.0, ge=0, description="Longest wait before a restart (the doubling stops there)."
+    )
     inject: FaultInjection | None = Field(
         None, description="Fault injection for testing fault handling; leave unset in real runs."
     )

@@ -32,6 +32,9 @@ class ExternalLaunch:
     #: which start of the job this is (torchrun's restart count, Slurm's step): the keys
     #: of joining (launch/admission.py) are kept apart per attempt in a store that outlives one
     attempt: str = "0"
+    #: torchrun: how many times it restarted the job (recovery/rejoin.py), and its run id
+    restart: int = 0
+    run_id: str = ""
 
 
 def external_launch(env: Mapping[str, str] | None = None) -> ExternalLaunch | None:
@@ -43,9 +46,15 @@ def external_launch(env: Mapping[str, str] | None = None) -> ExternalLaunch | No
             port = int(env["MASTER_PORT"])
         except ValueError:
             raise ShoalError(f"MASTER_PORT={env['MASTER_PORT']!r}: not a port number") from None
-        attempt = f"torchrun-{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
         return ExternalLaunch(
-            "torchrun", Placement.from_env(env), env["MASTER_ADDR"], port, attempt=attempt
+            "torchrun",
+            Placement.from_env(env),
+            env["MASTER_ADDR"],
+            port,
+            attempt=f"torchrun-{restart}",
+            restart=int(restart) if restart.isdigit() else 0,
+            run_id=env.get("TORCHELASTIC_RUN_ID", ""),
         )
     step = SlurmStep.from_env(env)
     if step is None:

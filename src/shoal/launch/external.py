@@ -37,6 +37,8 @@ from shoal.launch.plan import JobPlan
 from shoal.launch.process_group import join_process_group, shutdown_process_group
 from shoal.launch.reports import is_communication_error, write_report
 from shoal.monitor.logs import close_logger, worker_logger
+from shoal.recovery.rejoin import mark_run, marked_run
+from shoal.recovery.restarts import newest_state
 from shoal.run import RunPaths, create_run_dir
 from shoal.run.lock import RunLock
 from shoal.runtime.auth import Signer, new_secret
@@ -101,10 +103,11 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         peers = World(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
         hosts = Hosts.gather(peers, binding.address)
         beats = admission.derived_signer("heartbeats") or _drawn_signer(peers)
-        claim: dict[str, str] = {}
+        claim: dict[str, str | None] = {}
         if rank == 0:
             try:
-                claim = {"root": str(_claim_run(plan, held))}
+                root, resume = _claim_run(plan, launch, held)
+                claim = {"root": str(root), "resume": resume}
             except ShoalError as exc:
                 claim = {"error": str(exc)}
         announced = json.loads(broadcast_bytes(peers, json.dumps(claim).encode()).decode())
@@ -155,9 +158,10 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             launch_mode=launch.launcher,
             log=log,
             hosts=hosts,
-            resume_from=plan.resume_from,
+            resume_from=announced["resume"],
             allow_changes=plan.allow_changes,
             heartbeat=watch.heartbeat,
+            restart=launch.restart,
         )
         try:
             with stop_on_signals(log):
@@ -191,12 +195,19 @@ def _drawn_signer(peers: World) -> Signer:
     return Signer(drawn)
 
 
-def _claim_run(plan: JobPlan, held: ExitStack) -> Path:
-    """Rank 0: the run directory, created for a new run, and locked in `held`."""
+def _claim_run(plan: JobPlan, launch: ExternalLaunch, held: ExitStack) -> tuple[Path, str | None]:
+    """Rank 0: the run directory, created for a new run (or found again after a restart by
+    torchrun, recovery/rejoin.py), locked in `held`; and the checkpoint to resume from."""
     if plan.run_root is not None:
         held.enter_context(RunLock(RunPaths(plan.run_root).lock))
-        return plan.run_root
-    paths = create_run_dir(Path(plan.config.run.dir), plan.run_name)
+        return plan.run_root, plan.resume_from
+    parent = Path(plan.config.run.dir)
+    again = marked_run(parent, plan.run_name, launch.run_id) if launch.restart else None
+    if again is not None:
+        held.enter_context(RunLock(again.lock))
+        return again.root, newest_state(again, None).path
+    paths = create_run_dir(parent, plan.run_name)
     held.enter_context(RunLock(paths.lock))
     atomic_write_bytes(paths.config, dump_config(plan.config).encode())
-    return paths.root
+    mark_run(paths, launch.run_id)
+    return paths.root, None

@@ -23,6 +23,8 @@ def run_job(ctx: WorkerContext) -> dict[str, Any]:
     strategy.roles.validate(ctx.world_size, f"strategy {ctx.config.strategy.type}")
     if ctx.is_main:
         ctx.log.info("roles: %s", strategy.roles.describe())
+    if ctx.heartbeat is not None:  # `shoal status` shows it
+        ctx.heartbeat.role = strategy.roles.role_of(ctx.rank)
     results = strategy.run(task)
     if ctx.is_main:  # a resumed run that wrote no checkpoint still ran with this config
         promote_config(ctx.paths, ctx.config)

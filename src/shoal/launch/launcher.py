@@ -9,6 +9,16 @@ non-zero, whose heartbeat stops, or whose process is stopped (state T) ends the
 job within seconds, with a message naming the rank, its newest step and its
 error, and the other workers are killed. Nothing waits forever.
 
+With `[faults] max_restarts = N` the launcher does not stop there: a failure of
+the machinery (not a user's error) is followed by a new set of workers that
+resumes from the newest checkpoint (recovery/restarts.py says from where, after
+how long, and records what it cost). Each attempt has a store of its own (a
+fresh port: no value of a dead attempt is read as a sign of life), the workers
+are forked from the same forkserver (multiprocessing starts it again if it
+died), and the run's lock stays held by the launcher throughout: no other job
+can take the run between two attempts. The launcher keeps `status.json` in the
+run directory for `shoal status` (recovery/status.py).
+
 SIGTERM or SIGINT to the launcher is a request to stop: it is forwarded to every
 worker, they stop at the same step boundary with a checkpoint, and the launcher
 exits with 128 + the signal number. A second signal kills the workers at once.
@@ -33,7 +43,8 @@ from typing import IO, Any
 
 import torch.distributed as dist
 
-from shoal.config import ShoalConfig
+from shoal.checkpoint.attempt import stage_config
+from shoal.config import ShoalConfig, load_config
 from shoal.errors import (
     EXIT_FAILURE,
     EXIT_HALTED,
@@ -46,9 +57,14 @@ from shoal.launch.process_group import LAUNCHER_ENV, loopback_interface
 from shoal.launch.reports import read_report
 from shoal.launch.start import WorkerProcess, start_worker
 from shoal.launch.watch import STOPPED_STATES, StoreReader, existing, process_state
+from shoal.recovery.restarts import Failure, RestartLog, newest_state
+from shoal.recovery.snapshots import create_snapshot_dir, remove_snapshot_dir
+from shoal.recovery.status import RankStatus, StatusBoard
 from shoal.run import RunPaths
 from shoal.runtime.auth import SECRET_ENV, Signer, new_secret
+from shoal.runtime.heartbeat import Beat
 from shoal.runtime.stop import STOP_SIGNALS, describe_stop, signal_name
+from shoal.strategies.registry import strategy_class
 
 POLL_S = 0.1
 HEARTBEAT_CHECK_S = 0.5
@@ -66,6 +82,7 @@ class _Worker:
     process: WorkerProcess
     output: IO[bytes] | None
     exited_at: float | None = None
+    failed: bool = False  # named as the cause of the attempt's failure
 
 
 @dataclass
@@ -80,12 +97,53 @@ class LocalLauncher:
     workers: list[_Worker] = field(default_factory=list)
 
     def run(self) -> None:
-        """Run the job to completion; raises JobFailed (or ShoalError, RunStopped) if it does
-        not complete."""
+        """Run the job to completion, restarting it after failures as `[faults]` allows;
+        raises JobFailed (or ShoalError, RunStopped) if it does not complete."""
         self._secret = new_secret()
         self._started_wall = time.time()
         self._stop_signal = 0  # a stop signal this launcher received (and forwarded)
+        faults = self.config.faults
+        self.restarts = RestartLog(self.paths, faults)
+        self.board = StatusBoard(self.paths, faults.max_restarts)
+        self._state = "running"
+        self._last_beats: dict[int, Beat | None] = {}
+        resume = self.resume_from
+        if faults.snapshot_every_steps:
+            self._snapshots: Path | None = create_snapshot_dir(self.paths)
+        else:
+            self._snapshots = None
+        try:
+            with self._signals_forwarded():
+                while True:
+                    failure = self._attempt(resume)
+                    if failure is None:
+                        break
+                    resume = self._recover(failure)
+        except KeyboardInterrupt:  # signals could not be taken over (not the main thread)
+            self._kill()
+            self._state = "stopped"
+            raise JobFailed("interrupted; workers stopped") from None
+        except RunStopped:
+            self._state = "stopped"
+            raise
+        except BaseException:
+            self._state = "failed"
+            raise
+        finally:
+            self._kill()
+            self._update_board()
+            if self._snapshots is not None:
+                remove_snapshot_dir(self.paths)
+        self._state = "done"
+        self._update_board()
+        if faults.max_restarts:
+            self.restarts.add_to_results()
+
+    def _attempt(self, resume: str | None) -> Failure | None:
+        """One set of workers on a store of its own: None once every one ended well, the
+        failure otherwise (a stop request raises RunStopped)."""
         self._stopped_since: dict[int, float] = {}
+        self.workers = []
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", 0))  # loopback only; the OS picks a free port
@@ -101,22 +159,71 @@ class LocalLauncher:
         )
         self.reader = StoreReader(store, Signer(self._secret), _notice)
         try:
-            with self._signals_forwarded():
-                for rank in range(self.world_size):
-                    # a resumed run's folder may hold reports of an earlier failure: not this one's
-                    self.paths.error_file(rank).unlink(missing_ok=True)
-                    self.workers.append(self._spawn(rank, port))
-                self._watch()
-        except KeyboardInterrupt:  # signals could not be taken over (not the main thread)
-            self._kill()
-            raise JobFailed("interrupted; workers stopped") from None
+            for rank in range(self.world_size):
+                # a resumed run's folder may hold reports of an earlier failure: not this one's
+                self.paths.error_file(rank).unlink(missing_ok=True)
+                self.workers.append(self._spawn(rank, port, resume))
+            return self._watch()
         finally:
             self._kill()
             for worker in self.workers:
                 if worker.output is not None:
                     worker.output.close()
+            self._update_board()  # the attempt's last word, before its store goes
             del self.reader
             del store
+
+    def _recover(self, failure: Failure) -> str | None:
+        """After a failed attempt: raise its error, or wait the backoff and return the
+        checkpoint the next attempt resumes from."""
+        self.restarts.failed(failure)
+        if self._stop_signal or not self.restarts.allows(failure):
+            if failure.restartable and self.restarts.count:
+                raise JobFailed(
+                    f"{failure.reason} (after {self.restarts.count} restarts: "
+                    f"faults.max_restarts = {self.config.faults.max_restarts})"
+                )
+            raise failure.error
+        try:
+            point = newest_state(self.paths, self.resume_from, self._snapshots)
+        except ShoalError as exc:
+            raise JobFailed(f"{failure.reason}; not restarted: {exc}") from None
+        self._shrink_if_lost(failure)
+        # an attempt whose first step after the restart never came made no progress
+        backoff = self.restarts.backoff_s(made_progress=self.restarts.pending_step is None)
+        _notice(self.restarts.restarting(failure, point, backoff))
+        self._state = "restarting"
+        self._update_board()
+        deadline = time.monotonic() + backoff
+        while time.monotonic() < deadline and not self._stop_signal:
+            time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
+        if self._stop_signal:  # a stop request while waiting: nothing runs, nothing to save
+            raise RunStopped(
+                self._stop_signal,
+                f"stopped by {signal_name(self._stop_signal)} while restarting; resume with "
+                f"shoal train --resume {self.paths.root}",
+            )
+        self._state = "running"
+        return point.path
+
+    def _shrink_if_lost(self, failure: Failure) -> None:
+        """Elastic (`[faults] min_workers`): a rank that failed `max_rank_failures` times is
+        given up; the next attempt has one worker fewer, the same global batch (the config's
+        worker count changes, which a resume may do) and resumes from the same state."""
+        faults = self.config.faults
+        failures = 0
+        if failure.rank is not None:
+            failures = self.restarts.failures_by_rank.get(failure.rank, 0)
+        if not faults.min_workers or failures < faults.max_rank_failures:
+            return
+        if self.world_size - 1 < faults.min_workers:
+            return  # restarted with every worker: min_workers is the floor
+        self.world_size -= 1
+        section = "strategy.config" if self.config.strategy.type == "custom" else "strategy"
+        extra = strategy_class(self.config.strategy).workers_override(self.world_size, section)
+        self.config = load_config(self.config, extra)
+        self.config_file = stage_config(self.paths, self.config)
+        _notice(self.restarts.shrunk(failure, self.world_size))
 
     def _environment(self, rank: int, port: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -140,10 +247,12 @@ class LocalLauncher:
             env.setdefault("GLOO_SOCKET_IFNAME", loopback)  # gloo listens on loopback only
         return env
 
-    def _spawn(self, rank: int, port: int) -> _Worker:
+    def _spawn(self, rank: int, port: int, resume: str | None) -> _Worker:
         cmd = ["--run-dir", str(self.paths.root)]
-        if self.resume_from:
-            cmd += ["--resume", self.resume_from]
+        if resume:
+            cmd += ["--resume", resume]
+        if self.restarts.count:
+            cmd += ["--restart", str(self.restarts.count)]
         if self.config_file is not None:
             cmd += ["--config", str(self.config_file)]
         if self.allow_changes:
@@ -192,7 +301,7 @@ class LocalLauncher:
                 signal.signal(s, handler)
 
     # ------------------------------------------------------------ watching
-    def _watch(self) -> None:
+    def _watch(self) -> Failure | None:
         started = time.monotonic()
         next_check = started
         while True:
@@ -202,19 +311,73 @@ class LocalLauncher:
                     worker.exited_at = now
             codes = [w.process.returncode for w in self.workers]
             if all(code == 0 for code in codes):
-                return
+                return None
+            if self.restarts.pending_step is not None:  # a restart's first step, to the poll
+                self._recovered()  # (before a failure: the step may have come just before it)
             failed = [w for w in self.workers if w.process.returncode not in (None, 0, *STOP_CODES)]
             if failed:
-                raise self._failure(failed)
+                return self._failure(failed)
             if None not in codes:  # every worker ended, some of them on a stop request
                 raise self._stopped()
             if now >= next_check:
                 lost = self._lost_worker(now, now - started)
                 if lost:
+                    self._recovered()
+                    rank, message = lost
+                    steps = self.reader.steps([w.rank for w in self.workers])
                     self._kill()
-                    raise JobFailed(lost)
+                    self.workers[rank].failed = True
+                    step = max(steps.values(), default=-1)
+                    return Failure(JobFailed(message), rank, step, restartable=True)
+                self._update_board()
                 next_check = now + HEARTBEAT_CHECK_S
             time.sleep(POLL_S)
+
+    def _recovered(self) -> None:
+        """Whether a rank's heartbeat shows the first step after the pending restart."""
+        beats = [self.reader.heartbeat(w.rank) for w in self.workers]
+        past = [b for b in beats if b is not None and b.step > (self.restarts.pending_step or 0)]
+        if past:
+            first = min(past, key=lambda b: b.wall)
+            line = self.restarts.recovered(first.step, first.wall)
+            if line:
+                _notice(line)
+
+    def _update_board(self) -> None:
+        """status.json: each rank as this attempt sees it (recovery/status.py)."""
+        reader = getattr(self, "reader", None)
+        ranks = []
+        for worker in self.workers:
+            if reader is not None:
+                beat = reader.heartbeat(worker.rank)
+                self._last_beats[worker.rank] = beat
+            beat = self._last_beats.get(worker.rank)
+            code = worker.process.poll()
+            if worker.failed:
+                state = "failed"
+            elif self._state == "restarting":
+                state = "restarting"
+            elif code == 0:
+                state = "done"
+            elif code in STOP_CODES:
+                state = "stopped"
+            elif code is not None:
+                state = "failed" if self._state == "failed" else "restarting"
+            else:
+                state = beat.state if beat is not None else "starting"
+            ranks.append(
+                RankStatus(
+                    rank=worker.rank,
+                    role=beat.role if beat is not None else "-",
+                    state=state,
+                    step=beat.step if beat is not None else -1,
+                    beat=beat.wall if beat is not None else None,
+                    restarts=self.restarts.count,
+                    failures=self.restarts.failures_by_rank.get(worker.rank, 0),
+                    pid=worker.process.pid,
+                )
+            )
+        self.board.write(self._state, self.restarts.count, ranks)
 
     def _see(self, rank: int) -> str:
         """'see LOG' for a rank's log or output file, whichever exists; never a path that
@@ -222,7 +385,8 @@ class LocalLauncher:
         found = existing(self.paths.log_file(rank), self.paths.output_file(rank))
         return f"see {found}" if found else "it has written no log yet"
 
-    def _lost_worker(self, now: float, running_for: float) -> str | None:
+    def _lost_worker(self, now: float, running_for: float) -> tuple[int, str] | None:
+        """(rank, why) of a worker that is stopped, silent or never started; None if none."""
         faults = self.config.faults
         running = [w for w in self.workers if w.process.returncode is None]
         steps = self.reader.steps([w.rank for w in self.workers])
@@ -234,7 +398,7 @@ class LocalLauncher:
             if state in STOPPED_STATES:
                 since = self._stopped_since.setdefault(rank, now)
                 if now - since >= STOPPED_AFTER_S:
-                    return (
+                    return rank, (
                         f"rank {rank} is stopped (process {worker.process.pid} in state "
                         f"{state}: SIGSTOP, Ctrl-Z or a debugger) and the job cannot go on "
                         f"without it; it last reported {last}, other ranks up to step {ahead}; "
@@ -245,14 +409,14 @@ class LocalLauncher:
             beat = self.reader.heartbeat(rank)
             if beat is None:
                 if running_for > faults.start_timeout_s:
-                    return (
+                    return rank, (
                         f"rank {rank} did not start within {faults.start_timeout_s:g} s "
                         f"(faults.start_timeout_s){self.reader.tampering(rank)}; {self._see(rank)}"
                     )
                 continue
             silent = time.time() - beat[0]
             if silent > faults.heartbeat_timeout_s:
-                return (
+                return rank, (
                     f"rank {rank} stopped responding: no heartbeat for {silent:.0f} s "
                     f"(faults.heartbeat_timeout_s = {faults.heartbeat_timeout_s:g}); it last "
                     f"reported {last}, other ranks up to step {ahead}"
@@ -283,7 +447,7 @@ class LocalLauncher:
                 return data if isinstance(data, dict) else None
         return None
 
-    def _failure(self, failed: list[_Worker]) -> ShoalError:
+    def _failure(self, failed: list[_Worker]) -> Failure:
         """Name the rank that caused the failure, then stop every worker.
 
         When one rank dies its peers soon fail too (a broken connection, a timed-out
@@ -313,7 +477,22 @@ class LocalLauncher:
         ]
         unreported = [w for w in on_their_own if reports[w.rank] is None]
         culprit = (causes or unreported or on_their_own)[0]
+        culprit.failed = True
         report = reports.get(culprit.rank)
+        reported = [int(r["step"]) for r in reports.values() if r]
+        reached = max([*steps.values(), *reported], default=-1)
+        error = self._describe(culprit, report, steps.get(culprit.rank, -1), silent_peers)
+        user_error = bool(report and report.get("user_error"))
+        return Failure(error, culprit.rank, reached, restartable=not user_error)
+
+    def _describe(
+        self,
+        culprit: _Worker,
+        report: dict[str, Any] | None,
+        beat_step: int,
+        silent_peers: list[int],
+    ) -> ShoalError:
+        """The one line that names the rank at fault and what happened to it."""
         found = existing(self.paths.log_file(culprit.rank), self.paths.output_file(culprit.rank))
         log = f"log: {found}" if found else "it wrote no log"
         if report and report.get("user_error"):
@@ -327,7 +506,7 @@ class LocalLauncher:
                 return TrainingHalted(*lines)
             return ShoalError(*lines)
         # the newest step known: the report's (taken when it failed) or its last heartbeat's
-        step = max(int(report["step"]) if report else -1, steps.get(culprit.rank, -1))
+        step = max(int(report["step"]) if report else -1, beat_step)
         if report and step >= 0:
             where = f" at step {step}"
         elif step >= 0:

@@ -86,6 +86,11 @@ def plan_job(
         config = load_config(config, extra)
     cls = strategy_class(config.strategy)
     cls.check(config)
+    if config.faults.min_workers and not cls.elastic:
+        raise ConfigError(
+            f"faults.min_workers: strategy '{config.strategy.type}' cannot go on with fewer "
+            "workers than it started with; remove min_workers (restarts keep every worker)"
+        )
     if checkpoint is not None:  # the bytes are verified where they are read, by the workers
         rules = cls.resume_rules(config)
         changes = resume_changes(checkpoint, read_meta(checkpoint), config, rules)

@@ -21,7 +21,13 @@ from typing import Any
 import torch.distributed as dist
 
 from shoal.runtime.auth import BadValue, Opener, Signer
-from shoal.runtime.heartbeat import heartbeat_key, parse_beat, parse_report, report_key
+from shoal.runtime.heartbeat import (
+    Beat,
+    heartbeat_key,
+    parse_beat_detail,
+    parse_report,
+    report_key,
+)
 
 #: process states of a stopped process (SIGSTOP / job control, or a tracing stop)
 STOPPED_STATES = ("T", "t")
@@ -46,7 +52,7 @@ class StoreReader:
         self.opener = Opener(signer)
         self.notice = notice
         self.rejected: dict[str, str] = {}  # key -> why its last bad value was refused
-        self._beats: dict[int, tuple[float, int]] = {}
+        self._beats: dict[int, Beat] = {}
 
     def _read(self, key: str) -> bytes | None:
         try:
@@ -69,9 +75,10 @@ class StoreReader:
             self.rejected[key] = str(exc)
             return None
 
-    def heartbeat(self, rank: int) -> tuple[float, int] | None:
-        """(wall time, step) of the rank's newest authentic heartbeat, or None before its first."""
-        beat = self._open(heartbeat_key(self.opener.signer, rank), parse_beat)
+    def heartbeat(self, rank: int) -> Beat | None:
+        """The rank's newest authentic heartbeat (wall time, step, state, role), or None
+        before its first."""
+        beat = self._open(heartbeat_key(self.opener.signer, rank), parse_beat_detail)
         if beat is not None:
             self._beats[rank] = beat
         return self._beats.get(rank)

@@ -76,6 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--resume", default=None, help="checkpoint folder to resume from")
     parser.add_argument("--config", default=None, help="config file (default: the run's)")
     parser.add_argument("--allow-changes", action="store_true", help="see shoal train")
+    parser.add_argument("--restart", type=int, default=0, help="restarts before this attempt")
     args = parser.parse_args(argv)
     _die_with_launcher()
     signer = Signer.from_env()
@@ -122,6 +123,7 @@ def main(argv: list[str] | None = None) -> int:
                 resume_from=args.resume,
                 allow_changes=args.allow_changes,
                 heartbeat=heartbeat,
+                restart=args.restart,
             )
             run_job(ctx)
         return 0

@@ -56,7 +56,7 @@ class RunLock:
                 break
             except BlockingIOError:
                 holder = _read_holder(fd)
-                if deadline is None and not _alive_here(holder):
+                if deadline is None and not alive_here(holder):
                     deadline = time.monotonic() + DEAD_HOLDER_WAIT_S
                 if deadline is None or time.monotonic() >= deadline:
                     os.close(fd)
@@ -97,7 +97,7 @@ def _read_holder(fd: int) -> dict[str, object]:
     return data if isinstance(data, dict) else {}
 
 
-def _alive_here(holder: dict[str, object]) -> bool:
+def alive_here(holder: dict[str, object]) -> bool:
     """False only when the holder ran on this host and its pid is gone (its workers may
     still be exiting); anything unknown counts as alive."""
     pid = holder.get("pid")
@@ -120,7 +120,7 @@ def _in_use_message(root: Path, holder: dict[str, object]) -> str:
             f"another shoal job: pid {holder.get('pid')} on {holder.get('host')}, started "
             f"{holder.get('started')}"
         )
-        if not _alive_here(holder):
+        if not alive_here(holder):
             who += " (that process has exited; its workers are still stopping)"
     return (
         f"{root}: in use by {who}; one run directory has one writer: wait for that job to end "

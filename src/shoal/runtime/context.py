@@ -43,6 +43,8 @@ class WorkerContext:
     #: `--allow-changes`: a resume may change what the run trains (checkpoint/changes.py)
     allow_changes: bool = False
     heartbeat: Heartbeat | None = None
+    #: how many times the launcher restarted the job before this attempt (recovery/)
+    restart: int = 0
     #: the process group of this context's collectives (None: the whole world). A strategy
     #: whose ranks have different roles (parameter-server workers and servers) runs the
     #: trainer on a context of its workers only.

@@ -1,12 +1,15 @@
 """A worker's heartbeat: liveness and progress, reported to the launcher's store.
 
-A background thread writes `<wall time> <step>` under `shoal/heartbeat/<rank>/<tag>`
-every interval, sealed with the job's secret (`runtime/auth.py`): anyone can
-connect to the store, so the launcher believes only values it can authenticate.
+A background thread writes `<wall time> <step> <state> <role>` under
+`shoal/heartbeat/<rank>/<tag>` every interval, sealed with the job's secret
+(`runtime/auth.py`): anyone can connect to the store, so the launcher believes
+only values it can authenticate.
 The launcher reads them: a rank whose heartbeat stops is named as lost, and the
-steps tell which rank is behind when a collective times out. A worker that
-fails also leaves its one-line error report under `shoal/report/<rank>/<tag>`: the
-store needs no disk, so the report arrives even when the run's disk is full.
+steps tell which rank is behind when a collective times out; the state (training,
+evaluating, checkpointing...) and the rank's role feed `shoal status`
+(recovery/status.py). A worker that fails also leaves its one-line error report
+under `shoal/report/<rank>/<tag>`: the store needs no disk, so the report arrives
+even when the run's disk is full.
 
 The thread beats while the main thread computes, evaluates or writes a
 checkpoint (those release the GIL, or hold it for well under a second at a
@@ -15,12 +18,15 @@ time), so the launcher can use a short timeout without false alarms.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import math
+import re
 import threading
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Any, NamedTuple
 
 import torch.distributed as dist
 
@@ -50,6 +56,19 @@ REPORT_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 _MAX_TEXT = 2000
 
+#: what a worker can say it is doing (the launcher adds failed, restarting, done, stopped)
+WORKER_STATES = ("starting", "training", "evaluating", "checkpointing")
+_ROLE = re.compile(r"[a-z][a-z+]{0,31}")
+
+
+class Beat(NamedTuple):
+    """An authenticated heartbeat: when, at which step, doing what, in which role."""
+
+    wall: float
+    step: int
+    state: str = "training"
+    role: str = "worker"
+
 
 class Heartbeat:
     def __init__(
@@ -63,6 +82,8 @@ class Heartbeat:
     ) -> None:
         self.rank = rank
         self.step = -1
+        self.state = "starting"
+        self.role = "worker"  # set once the strategy's roles are known (launch/job.py)
         self._interval = interval_s
         self._signer = signer
         self._store = dist.TCPStore(
@@ -90,9 +111,19 @@ class Heartbeat:
             except Exception:  # the launcher is gone; its death signal ends this process
                 return
 
+    @contextlib.contextmanager
+    def doing(self, state: str) -> Iterator[None]:
+        """Report `state` (evaluating, checkpointing) for the block, then what came before."""
+        before, self.state = self.state, state
+        try:
+            yield
+        finally:
+            self.state = before
+
     def _beat(self) -> None:
         key = heartbeat_key(self._signer, self.rank)
-        value = self._signer.seal(key, f"{time.time():.3f} {self.step}".encode())
+        text = f"{time.time():.3f} {self.step} {self.state} {self.role}"
+        value = self._signer.seal(key, text.encode())
         with self._lock:
             self._store.set(key, value.decode())  # ASCII: the stub takes str
 
@@ -124,8 +155,13 @@ class Heartbeat:
         """Stop, wait for the thread, and release the store connection before the process exits.
 
         The store client is a C++ object: freeing it from interpreter finalization,
-        while the thread may still be inside a call, can abort the process.
+        while the thread may still be inside a call, can abort the process. A last beat
+        first (unless the beats were stopped on purpose) leaves the final step for
+        `shoal status`.
         """
+        if not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                self._beat()
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self._interval + 5.0)
@@ -134,14 +170,28 @@ class Heartbeat:
 
 def parse_beat(payload: bytes) -> tuple[float, int]:
     """(wall time, step) of an authenticated heartbeat payload; BadValue if malformed."""
+    beat = parse_beat_detail(payload)
+    return beat.wall, beat.step
+
+
+def parse_beat_detail(payload: bytes) -> Beat:
+    """The whole of an authenticated heartbeat payload (`<wall> <step>` alone, as older
+    workers sent it, reads as training in the role of a worker); BadValue if malformed."""
     try:
-        wall_text, step_text = payload.decode("ascii").split()
-        wall, step = float(wall_text), int(step_text)
+        fields = payload.decode("ascii").split()
+        if len(fields) not in (2, 4):
+            raise ValueError
+        wall, step = float(fields[0]), int(fields[1])
     except (UnicodeDecodeError, ValueError):
-        raise BadValue("not '<wall time> <step>'") from None
+        raise BadValue("not '<wall time> <step> <state> <role>'") from None
     if not math.isfinite(wall) or step < -1:
         raise BadValue("a time or step out of range")
-    return wall, step
+    if len(fields) == 2:
+        return Beat(wall, step)
+    state, role = fields[2], fields[3]
+    if state not in WORKER_STATES or not _ROLE.fullmatch(role):
+        raise BadValue("an unknown state or role")
+    return Beat(wall, step, state, role)
 
 
 def parse_report(payload: bytes) -> dict[str, Any]:

@@ -83,6 +83,12 @@ class RankRoles:
     def hosted_by(self, rank: int) -> list[int]:
         return [m for m in range(self.items) if self.owner(m) == rank]
 
+    def role_of(self, rank: int) -> str:
+        """One word for `shoal status`: worker, server, worker+server (colocated), idle."""
+        here = (("worker", self.is_worker(rank)), ("server", rank in self.servers))
+        names = [name for name, held in here if held]
+        return "+".join(names) or "idle"
+
     # ------------------------------------------------------------ once per job
     def validate(self, world_size: int, where: str) -> None:
         """The job's processes are the ones these roles need; each has a role."""

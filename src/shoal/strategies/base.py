@@ -53,6 +53,9 @@ class Strategy(ABC):
 
     #: the `[strategy]` field that `--workers N` sets (None: the strategy runs one process)
     workers_field: ClassVar[str | None] = None
+    #: True when a job may go on with fewer workers than it started with, resumed from the
+    #: same state, and still train the same problem (`[faults] min_workers`, recovery/)
+    elastic: ClassVar[bool] = False
 
     #: `[strategy]` fields (patterns, e.g. "sharding.*") a resume may change freely: they
     #: change neither the problem nor the saved state's shape (the workers field is one)

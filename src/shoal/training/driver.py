@@ -14,8 +14,10 @@ remaining evaluation and testing, and reports `"status": "stopped"`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,7 @@ from shoal.checkpoint.resume import open_resume
 from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
+from shoal.recovery.snapshots import snapshot_dir
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.stop import STOP, stop_record
 from shoal.tasks.base import Task
@@ -61,6 +64,7 @@ class Driver:
             self.plan = self.loop.setup(self.run_info)
             self.reporter.total_steps, self.reporter.total_epochs = plan_totals(self.plan)
             self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
+            self.snapshots = _snapshots(ctx)
             self.selection = Selection(
                 ctx,
                 self.task,
@@ -76,9 +80,12 @@ class Driver:
             self._time_base = self.progress.train_time_s
             self.reporter.start(self.progress.global_step)
             self.loop.start()
+            if ctx.heartbeat is not None:
+                ctx.heartbeat.state = "training"
             self._loop()
             if self.stopped is None:
-                self._test_and_save_artifacts()
+                with self._doing("evaluating"):
+                    self._test_and_save_artifacts()
         finally:
             self.reporter.close()
             self.metrics.close()
@@ -93,11 +100,13 @@ class Driver:
         every_epochs = ctx.config.checkpoint.every_epochs
         eval_epochs = ctx.config.train.eval_every_epochs
         per_unit = plan.steps_per_unit
+        first = True  # the first unit is reported at once (a restart's recovery ends there)
         while not (p.stopped_early or self.loop.done()):
             epoch_ended = self.loop.run_unit()
             self._sync_time()
             if ctx.heartbeat is not None:
-                ctx.heartbeat.beat(p.global_step)
+                ctx.heartbeat.beat(p.global_step, now=first)
+                first = False
             signum = self.loop.agree_stop()
             if signum:  # before the epoch's end: a resume then does what this run skips
                 self._stop(signum)
@@ -107,6 +116,8 @@ class Driver:
                 self._evaluate()
             if every_units and units % every_units == 0:
                 self._save()
+            if self.snapshots is not None and units % self.snapshots[1] == 0:
+                self._snapshot(self.snapshots[0])
             if epoch_ended:
                 self.loop.next_epoch()
                 if eval_epochs and p.epoch % eval_epochs == 0:
@@ -136,8 +147,21 @@ class Driver:
         self.reporter.note(f"stopped by {self.stopped['signal']} at {unit} {p.global_step}")
         self.ctx.log.info("stopped by %s at %s %d", self.stopped["signal"], unit, p.global_step)
 
+    @contextlib.contextmanager
+    def _doing(self, state: str) -> Iterator[None]:
+        """What the heartbeat reports while the block runs (`shoal status`)."""
+        if self.ctx.heartbeat is None:
+            yield
+            return
+        with self.ctx.heartbeat.doing(state):
+            yield
+
     # ---------------------------------------------------------------- evaluation
     def _evaluate(self) -> None:
+        with self._doing("evaluating"):
+            self._evaluate_now()
+
+    def _evaluate_now(self) -> None:
         p = self.progress
         if self.plan.validation is not None:  # measured by the loop (a population's members)
             self.last_eval.update(self.plan.validation())
@@ -217,18 +241,30 @@ class Driver:
         if self._saved_step == p.global_step:
             return  # e.g. every_steps and every_epochs at the same step
         self._sync_time()
-        path = self.checkpoints.save(p.global_step, self._parts(), self._meta(), self._files())
+        with self._doing("checkpointing"):
+            path = self.checkpoints.save(p.global_step, self._parts(), self._meta(), self._files())
         self._saved_step = p.global_step
         if path is not None:
             self.last_checkpoint = path
             self.metrics.write({"event": "checkpoint", "step": p.global_step, "path": str(path)})
             self.ctx.log.info("checkpoint written: %s", path)
 
+    def _snapshot(self, manager: CheckpointManager) -> None:
+        """Collective: the state into the snapshot folder (recovery/snapshots.py), unless a
+        checkpoint of this step exists."""
+        p = self.progress
+        if self._saved_step == p.global_step:
+            return
+        self._sync_time()
+        with self._doing("checkpointing"):
+            manager.save(p.global_step, self._parts(), self._meta(), self._files())
+
     def _save_best(self, manager: CheckpointManager) -> Path | None:
         """Collective: the current state into best/ (the selection calls it on improvement)."""
         p = self.progress
         self._sync_time()
-        path = manager.save(p.global_step, self._parts(), self._meta(), self._files())
+        with self._doing("checkpointing"):
+            path = manager.save(p.global_step, self._parts(), self._meta(), self._files())
         if path is not None:
             self.metrics.write({"event": "best", "step": p.global_step, "path": str(path)})
         return path
@@ -291,6 +327,15 @@ class Driver:
         if summary:
             results["data"] = summary
         return results
+
+
+def _snapshots(ctx: WorkerContext) -> tuple[CheckpointManager, int] | None:
+    """The manager of in-memory snapshots and their interval, when the job takes them (only
+    under shoal's own launcher, which owns the folder)."""
+    every = ctx.config.faults.snapshot_every_steps
+    if not every or ctx.launch_mode != "shoal":
+        return None
+    return CheckpointManager(ctx, 1, snapshot_dir(ctx.paths)), every
 
 
 def finite(value: Any) -> Any:

@@ -35,11 +35,11 @@ def maybe_inject_fault(
 
     `nan` turns this step's gradient of `model`'s first parameter into NaN through
     a hook, which the returned callable removes after the step. A resumed run is
-    never broken again, so a run failed on purpose can be resumed (which is what
-    the tests of resume do).
+    never broken again (nor a run the launcher restarted), so a run failed on purpose
+    can be resumed (which is what the tests of resume do).
     """
     fault = ctx.config.faults.inject
-    if fault is None or ctx.resume_from or fault.rank != ctx.rank:
+    if fault is None or ctx.resume_from or ctx.restart or fault.rank != ctx.rank:
         return _nothing
     if fault.kind == "slow":  # a straggler: every step from `step` on
         if step >= fault.step:

@@ -42,6 +42,8 @@ class DataParallelStrategy(Strategy):
         return config.strategy.num_replicas
 
     workers_field: ClassVar[str | None] = "num_replicas"
+    #: the global batch is split over however many replicas there are: the same problem
+    elastic: ClassVar[bool] = True
     resume_safe: ClassVar[tuple[str, ...]] = ("bucket_cap_mb",)
 
     @property

@@ -1,0 +1,124 @@
+"""`shoal status RUN_DIR`: every rank's role, state, step, heartbeat age and restarts.
+
+After the seeds' worker registry (`WorkerInfo`, `WorkerStatus`). The local
+launcher knows all of it (its workers' processes, their authenticated heartbeats,
+which say what each rank is doing and in which role, and its own restarts), so it
+keeps `status.json` in the run directory, rewritten atomically twice a second
+while the job runs and once more when it ends. `shoal status` reads that file: it
+needs no connection to the job, works the same while the job runs and after it
+ended, and reads nothing the workers wrote. A rank's state is one of
+starting, training, evaluating, checkpointing (what its heartbeat says), or
+failed, restarting, done, stopped (what the launcher saw).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from shoal.checkpoint.atomic import atomic_write_json
+from shoal.errors import ShoalError
+from shoal.run import RunPaths
+from shoal.run.lock import alive_here
+
+STATUS_FILE = "status.json"
+#: the job's states; the first two mean a launcher is (or was, if it died) in charge
+JOB_STATES = ("running", "restarting", "done", "failed", "stopped")
+
+
+@dataclass
+class RankStatus:
+    rank: int
+    role: str
+    state: str
+    step: int
+    beat: float | None  # wall time of its newest heartbeat
+    restarts: int  # how many times this rank's process was started again
+    failures: int  # how many of the job's failures this rank caused
+    pid: int | None
+
+
+class StatusBoard:
+    """The launcher's side: writes status.json."""
+
+    def __init__(self, paths: RunPaths, max_restarts: int) -> None:
+        self.path = paths.root / STATUS_FILE
+        self.max_restarts = max_restarts
+        self.started = time.time()
+
+    def write(self, state: str, restarts: int, ranks: list[RankStatus]) -> None:
+        data = {
+            "state": state,
+            "launcher": {"pid": os.getpid(), "host": socket.gethostname()},
+            "started": self.started,
+            "updated": time.time(),
+            "restarts": restarts,
+            "max_restarts": self.max_restarts,
+            "ranks": [asdict(r) for r in ranks],
+        }
+        try:
+            atomic_write_json(self.path, data)
+        except OSError:
+            return  # a full disk must not end the job; the next write may succeed
+
+
+def read_status(paths: RunPaths) -> dict[str, Any]:
+    """status.json of a run; ShoalError (one line) when there is none to read."""
+    path = paths.root / STATUS_FILE
+    if not paths.root.is_dir():
+        raise ShoalError(f"shoal status {paths.root}: no such run directory")
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ShoalError(
+            f"{path}: missing; only a job started by `shoal train` with shoal's own launcher "
+            "(2 or more workers) keeps one (under torchrun, read the ranks' logs)"
+        ) from None
+    except (OSError, ValueError) as exc:
+        raise ShoalError(f"{path}: unreadable ({exc}); it is rewritten as the job runs") from None
+    if not isinstance(data, dict) or not isinstance(data.get("ranks"), list):
+        raise ShoalError(f"{path}: not a status file written by shoal")
+    return data
+
+
+def status_lines(paths: RunPaths, now: float | None = None) -> list[str]:
+    """What `shoal status` prints: a header line, then a table of the ranks."""
+    data = read_status(paths)
+    now = time.time() if now is None else now
+    state = str(data.get("state"))
+    launcher = data.get("launcher")  # {pid, host}: as the run lock names its holder
+    gone = isinstance(launcher, dict) and not alive_here(launcher)
+    if state in ("running", "restarting") and gone:
+        state += " (its launcher is gone: the job ended without finishing)"
+    elif state in ("running", "restarting"):
+        state += f" (updated {max(0.0, now - float(data.get('updated', now))):.1f} s ago)"
+    header = (
+        f"{paths.root}: {state}; restarts {data.get('restarts', 0)} of "
+        f"{data.get('max_restarts', 0)} (faults.max_restarts)"
+    )
+    rows = [("rank", "role", "state", "step", "heartbeat", "restarts", "failures")]
+    for rank in data["ranks"]:
+        beat = rank.get("beat")
+        age = f"{max(0.0, now - beat):.1f} s ago" if isinstance(beat, (int, float)) else "-"
+        step = rank.get("step", -1)
+        rows.append(
+            (
+                str(rank.get("rank")),
+                str(rank.get("role")),
+                str(rank.get("state")),
+                str(step) if isinstance(step, int) and step >= 0 else "-",
+                age,
+                str(rank.get("restarts", 0)),
+                str(rank.get("failures", 0)),
+            )
+        )
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    table = [
+        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    ]
+    return [header, *table]

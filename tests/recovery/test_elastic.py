@@ -1,0 +1,69 @@
+"""`[faults] min_workers`: a data-parallel job that loses a worker for good goes on with fewer,
+the same global batch, and ends as a job that had 3 workers up to that step and 2 after."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import shoal
+from tests.conftest import final_state, run_shoal
+from tests.hostile.jobs import finish, no_worker_left, start, write_job
+from tests.recovery.chaos import assert_identical, chaos_job, events, strike
+
+
+def _three_workers(faults: dict[str, Any]) -> dict[str, Any]:
+    sections = chaos_job(0)
+    sections["strategy"] = {"type": "data_parallel", "num_replicas": 3}
+    sections["checkpoint"] = {"every_steps": 7, "keep_last": 100}
+    sections["faults"] = faults
+    return sections
+
+
+def test_a_worker_lost_for_good_leaves_the_job_on_two_with_the_same_problem(
+    tmp_path: Path,
+) -> None:
+    faults = {"max_restarts": 2, "restart_backoff_s": 0.1, "min_workers": 2,
+              "max_rank_failures": 1}  # fmt: skip
+    config = write_job(tmp_path, **_three_workers(faults))
+    run_dir = tmp_path / "runs" / "job"
+    launcher = start("train", str(config), cwd=tmp_path)
+    strike(launcher, run_dir, 0, 40, rank=2)
+    code, _, err = finish(launcher, timeout=180)
+    assert code == 0, err[-3000:]
+    assert "the job goes on with 2 workers (faults.min_workers = 2)" in err
+
+    records = events(run_dir)
+    membership = [e for e in records if e["event"] == "membership"]
+    assert [(e["lost_rank"], e["workers"]) for e in membership] == [(2, 2)]
+    resumed = next(e for e in records if e["event"] == "restart")
+    step = int(resumed["resume_step"])
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["world_size"] == 2 and results["restarts"] == 1
+
+    # the same path taken by hand: 3 workers up to that checkpoint, then 2 from it
+    ref = tmp_path / "ref"
+    shoal.train(_three_workers({}) | {"run": {"dir": str(ref), "name": "ref"}})
+    checkpoint = ref / "ref" / "checkpoints" / f"step-{step:08d}"
+    reference = shoal.train(resume=checkpoint, workers=2)
+    assert results["steps"] == reference["steps"]
+    ours, theirs = final_state(results), final_state(reference)
+    for part in ("model", "optimizer", "progress"):
+        assert_identical(ours[part], theirs[part], part)
+    status = run_shoal("status", str(run_dir), cwd=tmp_path).stdout.splitlines()
+    assert len(status) == 2 + 2  # header, columns, the two ranks left
+    no_worker_left(run_dir)
+
+
+def test_min_workers_is_refused_for_a_strategy_that_cannot_shrink(tmp_path: Path) -> None:
+    sections = chaos_job(2)
+    sections["strategy"] = {"type": "federated", "workers": 2, "num_clients": 4, "rounds": 2}
+    sections["faults"] = {"max_restarts": 2, "min_workers": 1}
+    sections["train"] = {"epochs": None}  # the length is strategy.rounds
+    done = run_shoal("train", str(write_job(tmp_path, **sections)), cwd=tmp_path)
+    assert done.returncode == 2
+    assert done.stderr.strip() == (
+        "faults.min_workers: strategy 'federated' cannot go on with fewer workers than it "
+        "started with; remove min_workers (restarts keep every worker)"
+    )

@@ -1,0 +1,83 @@
+"""The pieces of recovery without processes: where a restart resumes, the backoff, the status."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+from shoal.config.sections import FaultsConfig
+from shoal.errors import JobFailed, ShoalError
+from shoal.recovery.restarts import Failure, RestartLog, newest_state
+from shoal.recovery.status import RankStatus, StatusBoard, status_lines
+from shoal.run import RunPaths, create_run_dir
+
+
+def _fake_checkpoint(folder: Path, step: int) -> Path:
+    """A folder that read_meta accepts (sealed meta.json, a checksum per file)."""
+    from shoal.checkpoint.integrity import FORMAT_VERSION, seal, sha256_file
+
+    path = folder / f"step-{step:08d}"
+    path.mkdir(parents=True)
+    (path / "state.pt").write_bytes(b"state")
+    meta = {
+        "format": FORMAT_VERSION,
+        "step": step,
+        "sha256": {"state.pt": sha256_file(path / "state.pt")},
+    }
+    (path / "meta.json").write_text(json.dumps(seal(meta)))
+    return path
+
+
+def test_a_restart_resumes_from_the_newest_of_checkpoints_and_snapshots(tmp_path: Path) -> None:
+    paths = create_run_dir(tmp_path, "run")
+    assert newest_state(paths, None).path is None  # nothing yet: the job's start
+    _fake_checkpoint(paths.checkpoints, 10)
+    newest = _fake_checkpoint(paths.checkpoints, 20)
+    (paths.checkpoints / ".step-00000030.tmp").mkdir()  # a killed attempt's half-written one
+    snapshots = tmp_path / "shm"
+    _fake_checkpoint(snapshots, 18)
+    assert newest_state(paths, None, snapshots).path == str(newest)
+    snapshot = _fake_checkpoint(snapshots, 23)
+    point = newest_state(paths, None, snapshots)
+    assert (point.path, point.step) == (str(snapshot), 23)
+    (paths.checkpoints / "step-00000040").mkdir()  # damaged: never passed over silently
+    with pytest.raises(ShoalError, match="step-00000040: not a checkpoint"):
+        newest_state(paths, None, snapshots)
+
+
+def test_backoff_doubles_while_attempts_make_no_progress(tmp_path: Path) -> None:
+    faults = FaultsConfig(max_restarts=5, restart_backoff_s=1.0, restart_backoff_max_s=3.0)
+    log = RestartLog(RunPaths(tmp_path), faults)
+    assert [log.backoff_s(False) for _ in range(4)] == [1.0, 2.0, 3.0, 3.0]
+    assert log.backoff_s(True) == 1.0
+    crash = Failure(JobFailed("rank 1 was killed by SIGKILL"), 1, 5, restartable=True)
+    user = Failure(ShoalError("task.data: bad"), 0, 5, restartable=False)
+    assert log.allows(crash) and not log.allows(user)
+
+
+def test_status_lines_name_every_rank_and_a_launcher_that_is_gone(tmp_path: Path) -> None:
+    paths = create_run_dir(tmp_path, "run")
+    board = StatusBoard(paths, max_restarts=3)
+    now = time.time()
+    ranks = [
+        RankStatus(0, "worker", "training", 41, now - 0.5, 1, 0, os.getpid()),
+        RankStatus(1, "server", "starting", -1, None, 1, 1, None),
+    ]
+    board.write("running", 1, ranks)
+    header, columns, *rows = status_lines(paths, now)
+    assert ": running (updated " in header and header.endswith(
+        "restarts 1 of 3 (faults.max_restarts)"
+    )
+    assert columns.split() == ["rank", "role", "state", "step", "heartbeat", "restarts", "failures"]
+    assert rows[0].split() == ["0", "worker", "training", "41", "0.5", "s", "ago", "1", "0"]
+    assert rows[1].split() == ["1", "server", "starting", "-", "-", "1", "1"]
+    data = json.loads((paths.root / "status.json").read_text())
+    data["launcher"]["pid"] = 2**22 + 1  # no such process
+    (paths.root / "status.json").write_text(json.dumps(data))
+    assert "its launcher is gone" in status_lines(paths)[0]
+    with pytest.raises(ShoalError, match=r"status\.json: missing"):
+        status_lines(create_run_dir(tmp_path, "other"))
