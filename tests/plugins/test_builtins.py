@@ -35,8 +35,8 @@ def test_unknown_names_list_the_registered_ones() -> None:
         STRATEGIES.get("zero_bubble")
     assert str(caught.value) == (
         "unknown strategy 'zero_bubble'; registered: local, data_parallel, federated, "
-        "population_based, parameter_server, pipeline (`shoal plugins` lists them with where each "
-        "comes from)"
+        "population_based, parameter_server, pipeline, tensor_parallel, fully_sharded, hybrid "
+        "(`shoal plugins` lists them with where each comes from)"
     )
 
 

@@ -31,7 +31,8 @@ CASES: list[tuple[str, str, list[str], str]] = [
         GOOD + '[strategy]\ntype = "local_sdg"\n',
         [],
         "bad.toml:9: strategy.type: unknown value 'local_sdg'; choose one of: local, "
-        "data_parallel, federated, population_based, parameter_server, pipeline, local_sgd",
+        "data_parallel, federated, population_based, parameter_server, pipeline, "
+        "tensor_parallel, fully_sharded, hybrid, local_sgd",
     ),
     (
         "entry point: rule across sections",

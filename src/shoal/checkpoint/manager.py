@@ -40,6 +40,7 @@ from shoal.checkpoint.integrity import (
 from shoal.checkpoint.parts import FilePart, StatePart, collect
 from shoal.config import dump_config
 from shoal.errors import ShoalError
+from shoal.runtime.collectives import barrier
 from shoal.runtime.context import WorkerContext
 
 __all__ = [
@@ -136,22 +137,41 @@ class CheckpointManager:
         Each file part then writes its files into the folder before it is renamed into
         place, returning {name: sha256} of what it wrote. Every file in the folder is
         hashed into meta.json, whoever wrote it; a declared checksum that differs from
-        the bytes on disk fails the save. A save of a step that exists replaces it (a
-        run resumed from an earlier checkpoint overtakes a later one).
+        the bytes on disk fails the save. A collective file part (sharded state, DCP)
+        writes on every rank into the temporary folder, before rank 0 seals and renames
+        it. A save of a step that exists replaces it (a run resumed from an earlier
+        checkpoint overtakes a later one).
         """
         state = collect(parts, self.ctx.is_main)
-        path = self._write(step, state, meta, files) if self.ctx.is_main else None
+        tmp = self.directory / f".step-{step:08d}.tmp"
+        collective = [part for part in files if getattr(part, "collective", False)]
+        if self.ctx.is_main:
+            shutil.rmtree(tmp, ignore_errors=True)
+            tmp.mkdir(parents=True)  # also creates the directory itself (e.g. best/) on first use
+        if collective:  # every rank writes its pieces into the folder rank 0 prepared
+            barrier(self.ctx)
+            try:
+                for part in collective:
+                    part.write_files(tmp)
+            except BaseException:
+                if self.ctx.is_main:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                raise
+        own = [part for part in files if part not in collective]
+        path = self._write(step, tmp, state, meta, own) if self.ctx.is_main else None
         for part in files:
             part.written()
         return path
 
     def _write(
-        self, step: int, state: dict[str, Any], meta: dict[str, Any], files: Sequence[FilePart]
+        self,
+        step: int,
+        tmp: Path,
+        state: dict[str, Any],
+        meta: dict[str, Any],
+        files: Sequence[FilePart],
     ) -> Path:
         final = self.directory / f"step-{step:08d}"
-        tmp = self.directory / f".step-{step:08d}.tmp"
-        shutil.rmtree(tmp, ignore_errors=True)
-        tmp.mkdir(parents=True)  # also creates the directory itself (e.g. best/) on first use
         try:
             torch.save(state, tmp / STATE_FILE)
             fsync_file(tmp / STATE_FILE)

@@ -18,10 +18,9 @@ rank's generators), ``config``; and for the strategies with state of their own
 ``server`` (federated server optimizer), ``members`` / ``population`` (the
 population's members and book). Files: a parameter server's shards.
 
-Rebuilding a job from its parts (issue 13) and a sharded part that saves
-through torch.distributed.checkpoint (issue 12) fit this shape: a sharded part
-is a :class:`FilePart` whose files are the DCP folder, and it loads them in
-`read_files`.
+Sharded state (issue 12) fits this shape: a collective :class:`FilePart` writes
+the DCP folder on every rank, and the `model` / `optimizer` parts keep a marker in
+state.pt and read the folder in `load_from` (`sharded.py`).
 """
 
 from __future__ import annotations
@@ -50,7 +49,10 @@ class StatePart(Protocol):
 
 
 class FilePart(Protocol):
-    """State kept in files of its own (a parameter server's shards; later DCP folders)."""
+    """State kept in files of its own (a parameter server's shards, DCP pieces).
+
+    A part with `collective = True` writes on every rank (each its own pieces, into the
+    same folder, which rank 0 prepared): `checkpoint/sharded.py`."""
 
     def write_files(self, folder: Path) -> dict[str, str]:
         """Rank 0 (or whoever holds them, told by rank 0): write into `folder` before it is
@@ -73,6 +75,12 @@ class ModelPart:
 
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.model.load_state_dict(state)
+
+    def load_from(self, state: Any, folder: Path) -> None:
+        """Also from a checkpoint whose model was saved sharded (`sharded.py`)."""
+        from shoal.checkpoint.sharded import load_model
+
+        load_model(self.model, state, folder)
 
 
 class Fixed:
@@ -163,11 +171,16 @@ def load_parts(
     """Hand each part its saved state, in the order of `parts`.
 
     A part missing from the checkpoint is an error naming it, unless it is `optional`
-    (state a run may or may not have had, e.g. aggregation residuals).
+    (state a run may or may not have had, e.g. aggregation residuals). A part that
+    reads files of the checkpoint as well (sharded state) has `load_from(state, path)`.
     """
     for name, part in parts.items():
         if name in state:
-            part.load_state_dict(state[name])
+            load_from = getattr(part, "load_from", None)
+            if load_from is not None:
+                load_from(state[name], path)
+            else:
+                part.load_state_dict(state[name])
         elif name not in optional:
             raise ShoalError(
                 f"{path}: the checkpoint has no {name!r} state (it holds: "

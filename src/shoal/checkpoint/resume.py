@@ -25,6 +25,7 @@ from shoal.checkpoint.changes import (
     resume_changes,
 )
 from shoal.checkpoint.integrity import load_checkpoint
+from shoal.checkpoint.sharded import is_marker
 from shoal.errors import ShoalError
 from shoal.monitor.metrics import MetricsLog
 from shoal.runtime.context import WorkerContext
@@ -42,7 +43,7 @@ class Resume:
 
         An empty `saved` means the strategy keeps the model elsewhere (a parameter
         server's shard files, checked when they are read)."""
-        if not saved:
+        if not saved or is_marker(saved):  # sharded: DCP checks the pieces by name and shape
             return
         own = model.state_dict()
         problems = [

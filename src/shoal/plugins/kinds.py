@@ -49,6 +49,21 @@ STRATEGIES = PluginRegistry(
                 "shoal.strategies.pipeline.strategy:PipelineStrategy",
                 "shoal.strategies.pipeline.config:PipelineStrategyConfig",
             ),
+            (
+                "tensor_parallel",
+                "shoal.strategies.spmd.strategy:TensorParallelStrategy",
+                "shoal.strategies.spmd.config:TensorParallelStrategyConfig",
+            ),
+            (
+                "fully_sharded",
+                "shoal.strategies.spmd.strategy:FullyShardedStrategy",
+                "shoal.strategies.spmd.config:FullyShardedStrategyConfig",
+            ),
+            (
+                "hybrid",
+                "shoal.strategies.spmd.strategy:HybridStrategy",
+                "shoal.strategies.spmd.config:HybridStrategyConfig",
+            ),
         ),
     )
 )

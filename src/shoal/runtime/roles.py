@@ -40,6 +40,12 @@ class RankRoles:
         return cls(world_size, tuple(range(world_size)), dims={"data": world_size})
 
     @classmethod
+    def mesh(cls, world_size: int, dims: dict[str, int]) -> RankRoles:
+        """Every rank trains at a point of a mesh (tensor_parallel, fully_sharded, hybrid):
+        `dims` in order, outermost first; rank = row-major index of its coordinates."""
+        return cls(world_size, tuple(range(world_size)), dims=dict(dims))
+
+    @classmethod
     def hosting(cls, world_size: int, item: str, items: int, items_field: str = "") -> RankRoles:
         """Every rank trains and hosts items m with m mod world_size == rank."""
         workers = tuple(range(world_size))
@@ -63,6 +69,16 @@ class RankRoles:
     def owner(self, item: int) -> int:
         """The worker rank that hosts item `item` (a client, a member)."""
         return self.workers[item % len(self.workers)]
+
+    def coordinates(self, rank: int) -> dict[str, int]:
+        """`rank`'s index along each mesh dimension (row-major: the last varies fastest),
+        as torch's DeviceMesh lays out the same sizes."""
+        index = self.workers.index(rank)
+        coords: dict[str, int] = {}
+        for name, size in reversed(self.dims.items()):
+            coords[name] = index % size
+            index //= size
+        return {name: coords[name] for name in self.dims}
 
     def hosted_by(self, rank: int) -> list[int]:
         return [m for m in range(self.items) if self.owner(m) == rank]
@@ -103,7 +119,7 @@ class RankRoles:
         if self.items:
             hosts = "; ".join(f"rank {r}: {_ranks(tuple(self.hosted_by(r)))}" for r in self.workers)
             parts.append(f"{self.item}s by rank: {hosts}")
-        if self.dims and len(self.dims) > 1:
+        if self.dims and (len(self.dims) > 1 or "data" not in self.dims):
             parts.append("mesh " + " x ".join(f"{k} {v}" for k, v in self.dims.items()))
         return ", ".join(parts)
 

@@ -32,6 +32,9 @@ from shoal.training.driver import Driver
 from shoal.training.loop import UnitLoop
 from shoal.training.steps import StepLoop
 
+#: the strategies whose checkpoints are one learner's parts (`checkpoint/sharded.py`)
+LEARNERS = ("local", "data_parallel", "tensor_parallel", "fully_sharded", "hybrid")
+
 
 class Strategy(ABC):
     """Base of every strategy; subclasses register under their config's `type`.
@@ -60,8 +63,9 @@ class Strategy(ABC):
     #: `[strategy]` fields whose change the saved state cannot load into: always refused.
     #: Any field in neither list changes the problem and needs --allow-changes.
     resume_incompatible: ClassVar[tuple[str, ...]] = ()
-    #: other strategy types whose checkpoints this one resumes from (the model and the
-    #: optimizer saved whole, in the full model's layout); a resume logs the switch
+    #: strategy types whose checkpoints this one resumes from: they keep the same parts, the
+    #: model and optimizer by parameter name (the learner family loads each other's, sharded
+    #: or not; pipeline saves in local's layout); empty: only its own type's
     resumes_from: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, ctx: WorkerContext) -> None:

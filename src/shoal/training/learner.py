@@ -18,11 +18,19 @@ from typing import Any
 import torch
 from torch import nn
 
-from shoal.checkpoint.parts import Custom, ModelPart, StatePart, collect, load_parts
+from shoal.checkpoint.parts import Custom, FilePart, ModelPart, StatePart, collect, load_parts
+from shoal.checkpoint.sharded import (
+    MARKER,
+    ShardedFiles,
+    ShardedModelPart,
+    is_sharded,
+    load_plain_optimizer,
+)
 from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
 from shoal.tasks.base import LossOutput, Task
 from shoal.training.batching import local_share, micro_batches
+from shoal.training.clipping import clip_by_global_norm
 from shoal.training.contracts import GradientSync
 from shoal.training.meter import StepStats
 from shoal.training.nonfinite import describe_nonfinite
@@ -60,6 +68,8 @@ class Learner:
         self.scheduler = build_scheduler(self.optimizer, train, total_steps)
         self.total_steps = total_steps
         self.precision = Precision(train.mixed_precision, self.device)
+        # a sharded model's parameters and optimizer state are saved by every rank (DCP)
+        self.sharded = ShardedModelPart(model, self.optimizer) if is_sharded(model) else None
         self._loaded_kind: str | None = None  # while loading: the saved optimizer's kind
         self._fresh: list[dict[str, Any]] = []  # while loading: the config's param groups
 
@@ -138,21 +148,25 @@ class Learner:
 
     def clip(self, max_norm: float) -> None:
         """Clip the gradients by their global norm. After the sync every replica holds the
-        global gradient, so its own norm is the global one; a pipeline stage holds a part
-        and overrides it."""
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), max_norm)
+        global gradient (or its shard of it: the norm is then summed over the shards,
+        `training/clipping.py`); a pipeline stage holds a part and overrides it."""
+        clip_by_global_norm(self.model.parameters(), max_norm)
 
     def parts(self) -> dict[str, StatePart]:
         """The learner's checkpoint parts, in load order (`checkpoint/parts.py`)."""
         parts: dict[str, StatePart] = {
-            "model": ModelPart(self.model),
+            "model": self.sharded or ModelPart(self.model),
             "optimizer_kind": Custom(lambda: self.train.optimizer.kind, self._saved_kind),
-            "optimizer": Custom(self.optimizer.state_dict, self._load_optimizer),
+            "optimizer": _OptimizerPart(self),
             "scheduler": Custom(self.scheduler.state_dict, self._load_scheduler),
         }
         if self.precision.mode == "fp16":
             parts["precision"] = self.precision
         return parts
+
+    def file_parts(self) -> list[FilePart]:
+        """A sharded model's pieces, written by every rank into the checkpoint folder."""
+        return [ShardedFiles(self.model, self.optimizer)] if self.sharded else []
 
     def state_dict(self) -> dict[str, Any]:
         return collect(self.parts(), is_main=True)
@@ -171,11 +185,17 @@ class Learner:
     def _saved_kind(self, kind: str) -> None:
         self._loaded_kind = kind
 
-    def _load_optimizer(self, state: dict[str, Any]) -> None:
+    def _load_optimizer(self, state: dict[str, Any], folder: Path | None = None) -> None:
         self._fresh = [
             {k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups
         ]
-        if self._loaded_kind in (None, self.train.optimizer.kind):
+        if self._loaded_kind not in (None, self.train.optimizer.kind):
+            return
+        if self.sharded is not None:
+            self.sharded.load_optimizer(state)
+        elif folder is not None:
+            load_plain_optimizer(self.optimizer, self.model, state, folder)
+        else:
             self.optimizer.load_state_dict(state)
 
     def _load_scheduler(self, state: dict[str, Any]) -> None:
@@ -206,3 +226,21 @@ class Learner:
                 self.optimizer.param_groups, self.scheduler.base_lrs, strict=True
             ):
                 group["lr"] = base * factor(step)
+
+
+class _OptimizerPart:
+    """`optimizer`: torch's state dict, or the marker of a sharded learner's (its state is in
+    the DCP pieces); loads either kind into either kind of learner."""
+
+    def __init__(self, learner: Learner) -> None:
+        self.learner = learner
+
+    def state_dict(self) -> Any:
+        learner = self.learner
+        return dict(MARKER) if learner.sharded else learner.optimizer.state_dict()
+
+    def load_state_dict(self, state: Any) -> None:
+        self.learner._load_optimizer(state)
+
+    def load_from(self, state: Any, folder: Path) -> None:
+        self.learner._load_optimizer(state, folder)

@@ -25,6 +25,7 @@ from torch import nn
 
 from shoal.checkpoint.integrity import load_checkpoint
 from shoal.checkpoint.parts import Custom, FilePart, StatePart
+from shoal.checkpoint.sharded import load_model
 from shoal.errors import ShoalError
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything, worker_seed
@@ -77,7 +78,8 @@ class LocalModel:
     def restore_best(self, saved: Path | None) -> bool:
         if self.best is None and saved is not None:
             state, _ = load_checkpoint(saved)
-            self.best = state["model"]
+            load_model(self._model, state["model"], saved)  # either kind, sharded or plain
+            return True
         if self.best is None:
             self.ctx.log.warning("no best/ checkpoint to restore: testing the final model")
             return False
@@ -146,7 +148,8 @@ class StepLoop:
             self.record = record(self.learner, self.progress)
         else:
             self.record = LocalModel(ctx, self.learner.model)
-        self.files = self.with_.files(self.progress) if self.with_.files else []
+        own = self.learner.file_parts() if isinstance(self.learner, Learner) else []
+        self.files = [*own, *(self.with_.files(self.progress) if self.with_.files else [])]
         seed_everything(worker_seed(train.seed, ctx.rank))  # a resume puts the saved ones back
         return Plan(
             unit="step",

@@ -16,7 +16,7 @@ from shoal.comm.topology import neighbours
 from shoal.config.root import ShoalConfig
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import gather_tensors
-from shoal.strategies.base import Strategy
+from shoal.strategies.base import LEARNERS, Strategy
 from shoal.strategies.data_parallel.config import DataParallelStrategyConfig
 from shoal.training.contracts import GradientSync
 
@@ -44,8 +44,9 @@ class DataParallelStrategy(Strategy):
     #: the global batch is split over however many replicas there are: the same problem
     elastic: ClassVar[bool] = True
     resume_safe: ClassVar[tuple[str, ...]] = ("bucket_cap_mb",)
-    #: a pipeline saves the whole model and one optimizer state in this layout
-    resumes_from: ClassVar[tuple[str, ...]] = ("pipeline",)
+    #: the learner family loads each other's checkpoints; a pipeline saves the whole model
+    #: and one optimizer state in this layout
+    resumes_from: ClassVar[tuple[str, ...]] = (*LEARNERS, "pipeline")
 
     @property
     def config(self) -> DataParallelStrategyConfig:

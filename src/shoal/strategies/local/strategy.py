@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from torch import nn
 
-from shoal.strategies.base import Strategy
+from shoal.strategies.base import LEARNERS, Strategy
 from shoal.strategies.local.config import LocalStrategyConfig
 from shoal.training.contracts import GradientSync, LocalGradientSync
 
@@ -17,9 +17,9 @@ class LocalStrategy(Strategy):
     config_class: ClassVar[type[LocalStrategyConfig]] = LocalStrategyConfig
 
     in_process: ClassVar[bool] = True
-
-    #: a pipeline saves the whole model and one optimizer state in this layout
-    resumes_from: ClassVar[tuple[str, ...]] = ("pipeline",)
+    #: the learner family loads each other's checkpoints; a pipeline saves the whole model
+    #: and one optimizer state in this layout
+    resumes_from: ClassVar[tuple[str, ...]] = (*LEARNERS, "pipeline")
 
     def attach(self, model: nn.Module) -> GradientSync:
         return LocalGradientSync(model)

@@ -1,0 +1,252 @@
+"""Sharded model and optimizer state, through torch.distributed.checkpoint (DCP).
+
+A model whose parameters are DTensors (tensor_parallel, fully_sharded, hybrid)
+has no rank that holds it whole, so its parameters and optimizer state are not
+gathered into state.pt: every rank writes its own pieces with `dcp.save` into
+the folder `sharded/` of the checkpoint being assembled, *before* the folder is
+renamed into place (:class:`ShardedFiles` is a collective file part; the
+manager hashes every piece into meta.json like any other file). state.pt keeps
+the marker ``{"sharded": "sharded"}`` under `model` and `optimizer`, and the
+rest of the state (schedule, data position, RNGs) as usual.
+
+DCP saves by fully-qualified parameter name and global shape, so a checkpoint
+loads into any layout of the same model:
+
+- sharded -> sharded (same or another mesh or strategy): `dcp.load` reads each
+  rank's pieces of the current layout (:class:`ShardedModelPart`);
+- plain (local, data_parallel) -> sharded: the full tensors of state.pt are
+  scattered into the current shards (`full_state_dict=True`), the optimizer's
+  state renamed from torch's parameter indices to parameter names;
+- sharded -> plain: every rank reads the whole tensors from `sharded/`
+  (:func:`read_full`), the optimizer's state renamed back to indices.
+
+:func:`export_model` turns either kind into one plain state dict file that
+`TransformerLM.load_state_dict` (or any `nn.Module`) takes without shoal.
+
+DCP's `.metadata` file is a pickle; it is read with an unpickler that builds
+only DCP's own metadata classes, torch sizes and dtypes (:class:`SafeReader`),
+so a checkpoint never runs code, as `torch.load(weights_only=True)` ensures for
+state.pt.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed.checkpoint as dcp
+from torch import nn
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_model_state_dict,
+    get_optimizer_state_dict,
+    set_model_state_dict,
+    set_optimizer_state_dict,
+)
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
+from torch.distributed.tensor import DTensor
+
+from shoal.checkpoint.integrity import CorruptCheckpoint, load_tensors
+
+#: the folder of a checkpoint that holds the DCP pieces, and the marker state.pt keeps
+SHARDED_DIR = "sharded"
+MARKER = {"sharded": SHARDED_DIR}
+
+
+def is_sharded(model: nn.Module) -> bool:
+    """True when some parameter is a DTensor (no rank holds the model whole)."""
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def is_marker(state: Any) -> bool:
+    return isinstance(state, dict) and state == MARKER
+
+
+class ShardedFiles:
+    """The collective file part: every rank saves its pieces of model and optimizer."""
+
+    collective = True
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+
+    def write_files(self, folder: Path) -> dict[str, str]:
+        state = {
+            "model": get_model_state_dict(self.model),
+            "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
+        }
+        dcp.save(state, checkpoint_id=folder / SHARDED_DIR)
+        return {}  # the manager hashes every piece, whichever rank wrote it
+
+    def written(self) -> None:
+        """Nothing to wait for: `dcp.save` ends once every rank's pieces are written."""
+
+
+class ShardedModelPart:
+    """`model` of a sharded learner: the marker in state.pt, the pieces in `sharded/`."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
+        self.model, self.optimizer = model, optimizer
+        self.loaded_optimizer: dict[str, Any] | None = None  # read with the model
+
+    def state_dict(self) -> dict[str, str]:
+        return dict(MARKER)
+
+    def load_state_dict(self, state: Any) -> None:
+        raise RuntimeError("a sharded model loads with its checkpoint folder (load_from)")
+
+    def load_from(self, state: Any, folder: Path) -> None:
+        if is_marker(state):
+            model = get_model_state_dict(self.model)
+            optimizer = get_optimizer_state_dict(self.model, self.optimizer)
+            target: dict[str, Any] = {"model": model, "optimizer": optimizer}
+            dcp.load(target, storage_reader=SafeReader(folder / SHARDED_DIR))
+            set_model_state_dict(self.model, model)
+            self.loaded_optimizer = dict(optimizer)
+            return
+        full = StateDictOptions(full_state_dict=True)
+        set_model_state_dict(self.model, state, options=full)
+        self.loaded_optimizer = None
+
+    def load_optimizer(self, state: Any) -> None:
+        """After `load_from`: the optimizer state read with the model, or a plain one."""
+        if is_marker(state):
+            assert self.loaded_optimizer is not None, "the model part loads first"
+            set_optimizer_state_dict(self.model, self.optimizer, self.loaded_optimizer)
+            self.loaded_optimizer = None
+            return
+        named = by_name(state, self.model, self.optimizer)
+        options = StateDictOptions(full_state_dict=True)
+        set_optimizer_state_dict(self.model, self.optimizer, named, options=options)
+
+
+def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Parameter names in the order of the optimizer's groups (torch's state indices)."""
+    names = {id(p): name for name, p in model.named_parameters()}
+    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
+
+
+def by_name(
+    state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """torch's optimizer state dict (keyed by index) keyed by parameter name instead."""
+    names = param_names(model, optimizer)
+    return {
+        "state": {names[int(i)]: value for i, value in state["state"].items()},
+        "param_groups": [
+            {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]
+        ],
+    }
+
+
+def by_index(
+    state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
+) -> dict[str, Any]:
+    """A name-keyed optimizer state dict (DCP's) keyed by torch's indices for `optimizer`."""
+    index = {name: i for i, name in enumerate(param_names(model, optimizer))}
+    groups = state["param_groups"]
+    return {
+        "state": {index[name]: value for name, value in state["state"].items()},
+        "param_groups": [
+            {**g, "params": sorted(index[name] for name in g["params"])} for g in groups
+        ],
+    }
+
+
+def read_full(folder: Path) -> dict[str, Any]:
+    """The whole `{"model": ..., "optimizer": ...}` of a sharded checkpoint, as plain
+    tensors, read by this process alone (no collective)."""
+    state: dict[str, Any] = {}
+    _load_state_dict(
+        state,
+        storage_reader=SafeReader(folder / SHARDED_DIR),
+        planner=_EmptyStateDictLoadPlanner(),
+        no_dist=True,
+    )
+    return state
+
+
+def plain_model_state(folder: Path, state: Any) -> dict[str, torch.Tensor]:
+    """A checkpoint's model as a plain state dict: from state.pt, or read whole from DCP."""
+    if is_marker(state):
+        return dict(read_full(folder)["model"])
+    return dict(state)
+
+
+def export_model(checkpoint: Path, out: Path) -> int:
+    """Write checkpoint `checkpoint`'s model as one plain state dict file (`torch.save`);
+    returns the number of tensors. The checkpoint is verified first."""
+    from shoal.checkpoint.integrity import verified_meta
+
+    verified_meta(checkpoint)
+    state = load_tensors(checkpoint, "state.pt")
+    model = plain_model_state(checkpoint, state.get("model", {}))
+    torch.save(model, out)
+    return len(model)
+
+
+def load_model(model: nn.Module, state: Any, folder: Path) -> None:
+    """Load a checkpoint's `model` (state.pt's entry; `folder` the checkpoint) into `model`,
+    sharded or not, whichever kind of checkpoint it is (collective for a sharded model)."""
+    if not is_sharded(model):
+        model.load_state_dict(plain_model_state(folder, state))
+    elif is_marker(state):
+        target = {"model": get_model_state_dict(model)}
+        dcp.load(target, storage_reader=SafeReader(folder / SHARDED_DIR))
+        set_model_state_dict(model, target["model"])
+    else:
+        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+
+
+def load_plain_optimizer(
+    optimizer: torch.optim.Optimizer, model: nn.Module, state: Any, folder: Path
+) -> None:
+    """Load a checkpoint's `optimizer` into the optimizer of a plain model."""
+    if is_marker(state):
+        state = by_index(read_full(folder)["optimizer"], model, optimizer)
+    optimizer.load_state_dict(state)
+
+
+class SafeReader(FileSystemReader):
+    """DCP's file reader whose metadata unpickler builds DCP's metadata classes only."""
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
+        path = Path(self.path) / ".metadata"
+        try:
+            with open(path, "rb") as handle:
+                metadata = _MetadataUnpickler(handle).load()
+        except FileNotFoundError:
+            raise CorruptCheckpoint(path.parent.parent, f"{path} is missing") from None
+        except pickle.UnpicklingError as exc:
+            raise CorruptCheckpoint(path.parent.parent, f"{path}: {exc}") from None
+        if not isinstance(metadata, Metadata):
+            raise CorruptCheckpoint(path.parent.parent, f"{path} is not DCP metadata")
+        storage = metadata.storage_meta or StorageMeta()
+        storage.load_id = self.load_id
+        metadata.storage_meta = storage
+        return metadata
+
+
+_ALLOWED = {
+    ("torch", "Size"),
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
+    ("pathlib", "PosixPath"),
+    ("pathlib", "WindowsPath"),
+    ("pathlib", "PurePosixPath"),
+    ("torch.serialization", "_get_layout"),
+    ("collections", "OrderedDict"),
+}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        if module == "torch.distributed.checkpoint.metadata" or (module, name) in _ALLOWED:
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise pickle.UnpicklingError(f"refuses to build {module}.{name}")
