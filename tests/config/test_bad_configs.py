@@ -60,14 +60,16 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         GOOD + '\n[strategy]\ntype = "gossip"\n',
         [],
         "bad.toml:9: strategy.type: unknown value 'gossip'; choose one of: local, data_parallel, "
-        "federated, population_based, parameter_server, tensor_parallel, fully_sharded, hybrid",
+        "federated, population_based, parameter_server, pipeline, tensor_parallel, fully_sharded, "
+        "hybrid",
     ),
     (
         "strategy without type",
         GOOD + "\n[strategy]\nnum_replicas = 2\n",
         [],
         "bad.toml:8: strategy.type: required, but missing; choose one of: local, data_parallel, "
-        "federated, population_based, parameter_server, tensor_parallel, fully_sharded, hybrid",
+        "federated, population_based, parameter_server, pipeline, tensor_parallel, fully_sharded, "
+        "hybrid",
     ),
     (
         "zero replicas",
