@@ -76,6 +76,17 @@ class GradientSync(ABC):
         """Restore this rank's part of what `rank_state_dict` returned."""
 
 
+def unscale_local_grads(named: list[tuple[str, nn.Parameter]], loss_scale: float) -> list[str]:
+    """Undo the loss scale on gradients no one else combines; the names of non-finite ones
+    (found before unscaling, so an overflow is seen as such)."""
+    grads = [(n, p.grad) for n, p in named if p.grad is not None]
+    bad = nonfinite_names(grads)
+    if loss_scale != 1.0:
+        for _, grad in grads:
+            grad.div_(loss_scale)
+    return bad
+
+
 class LocalGradientSync(GradientSync):
     """One process: gradients stay as backward left them."""
 
@@ -90,11 +101,7 @@ class LocalGradientSync(GradientSync):
             param.grad = None
 
     def finish(self) -> float:
-        named = [(n, p.grad) for n, p in self.named if p.grad is not None]
-        self._nonfinite = nonfinite_names(named)
-        if self.loss_scale != 1.0:
-            for _, grad in named:
-                grad.div_(self.loss_scale)
+        self._nonfinite = unscale_local_grads(self.named, self.loss_scale)
         return 0.0
 
     def nonfinite(self) -> dict[int, list[str]]:

@@ -48,10 +48,10 @@ from shoal.strategies.pipeline.stages import (
     stage_indices,
 )
 from shoal.tasks.base import LossOutput, Task
-from shoal.training.contracts import GradientSync
+from shoal.training.contracts import GradientSync, unscale_local_grads
 from shoal.training.learner import Learner
 from shoal.training.meter import StepStats
-from shoal.training.nonfinite import agree_on_nonfinite, nonfinite_names
+from shoal.training.nonfinite import agree_on_nonfinite
 from shoal.training.steps import LocalModel
 
 OPTIMIZER_KEY = "\t"  # between a parameter's name and its optimizer state's key
@@ -82,11 +82,7 @@ class PipelineSync(GradientSync):
         self._step_started = (self.clock.compute_s, self.clock.step_s)
 
     def finish(self) -> float:
-        named = [(n, p.grad) for n, p in self.named if p.grad is not None]
-        self._nonfinite = nonfinite_names(named)
-        if self.loss_scale != 1.0:
-            for _, grad in named:
-                grad.div_(self.loss_scale)
+        self._nonfinite = unscale_local_grads(self.named, self.loss_scale)
         compute = self.clock.compute_s - self._step_started[0]
         wall = self.clock.step_s - self._step_started[1]
         return max(wall - compute, 0.0)
