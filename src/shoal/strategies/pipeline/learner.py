@@ -218,8 +218,8 @@ class StageLearner(Learner):
         clock.steps += 1
         loss_sum = torch.zeros((), device=self.device)
         sums: dict[str, torch.Tensor] = {}
-        # the schedule's first step also calls the loss once to learn the shapes of the
-        # gradients (on a placeholder batch): the last `microbatches` calls are the step's
+        # torch's schedule infers the gradients' shapes on its first step with one extra
+        # call of the loss: the last `microbatches` calls are this step's
         for out in self._outputs[-self.microbatches :]:
             loss_sum += out.loss_sum.detach()
             for name, value in out.sums.items():

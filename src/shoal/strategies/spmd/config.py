@@ -7,6 +7,7 @@ Each names the sizes of its mesh dimensions (`dims`): tensor_parallel
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, Literal
 
 from pydantic import Field
@@ -28,8 +29,11 @@ class SpmdSection(StrategySection):
         "dimension (norms and residual dropout work on each rank's part; Korthikanti et al.).",
     )
 
+    @abstractmethod
     def dims(self) -> dict[str, int]:
-        raise NotImplementedError
+        """The mesh's dimensions and sizes, outermost first: each of the three configs
+        says its own (tensor_parallel: tensor = degree; fully_sharded: data = degree;
+        hybrid: its `mesh`)."""
 
     def data_mode(self) -> str:
         return "sharded"

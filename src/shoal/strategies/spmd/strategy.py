@@ -44,7 +44,8 @@ from shoal.training.steps import StepCollaborators, StepLearner, StepLoop
 class SpmdStrategy(Strategy):
     """The mesh from the config's dims, the model laid out on it, the step loop."""
 
-    config_class: ClassVar[type[SpmdSection]] = SpmdSection
+    #: each of the three registered subclasses names its own (SpmdSection is abstract)
+    config_class: ClassVar[type[SpmdSection]]
     workers_field: ClassVar[str | None] = "degree"
     # the mesh may change on resume: the checkpoint's pieces reshard by name (DCP)
     resume_safe: ClassVar[tuple[str, ...]] = ("degree", "mesh.*", "data", "sequence_parallel")
