@@ -35,6 +35,15 @@ def print_summary(results: dict[str, Any], console: Console | None = None) -> No
             "compute / comm",
             f"{timing.get('compute', 0.0):,.1f} s / {timing.get('communication', 0.0):,.1f} s",
         )
+    ps = results.get("parameter_server")
+    if ps:  # seed 000's describe_server: how often the workers talked to the servers
+        table.add_row("parameter server", f"{ps['pulls']:,.0f} pulls, {ps['pushes']:,.0f} pushes")
+    counts = results.get("counts")
+    if counts:
+        table.add_row("checkpoints / failures", f"{counts['checkpoints']} / {counts['failures']}")
+    peaks = (results.get("ranks") or {}).get("peak_memory_mb")
+    if peaks:
+        table.add_row("peak memory", f"{max(peaks):,.0f} MB (largest of {len(peaks)} ranks)")
     for split in ("train", "valid", "test"):
         for name, value in (results.get(split) or {}).items():
             table.add_row(f"{split} {name}", _fmt(value))

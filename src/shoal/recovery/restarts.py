@@ -187,7 +187,8 @@ class RestartLog:
         return f"restart {record['restart']} recovered in {seconds:.1f} s (step {step})"
 
     def section(self) -> dict[str, Any]:
-        """What results.json says about failures and restarts."""
+        """What results.json says about failures and restarts (`counts.failures` too, which
+        the driver writes as 0 for a run no failure interrupted)."""
         return {
             "restarts": self.count,
             "failures": self.records,
@@ -202,7 +203,8 @@ class RestartLog:
         except (OSError, ValueError):
             return
         if isinstance(results, dict):
-            atomic_write_json(self.paths.results, {**results, **self.section()})
+            counts = {**results.get("counts", {}), "failures": len(self.records)}
+            atomic_write_json(self.paths.results, {**results, **self.section(), "counts": counts})
 
 
 def _append_metric(path: Path, record: dict[str, Any]) -> None:

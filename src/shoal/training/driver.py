@@ -30,7 +30,9 @@ from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
 from shoal.recovery.snapshots import snapshot_dir
+from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.memory import peak_memory_bytes
 from shoal.runtime.stop import STOP, stop_record
 from shoal.tasks.base import Task
 from shoal.training.evaluation import evaluate_splits
@@ -57,7 +59,8 @@ class Driver:
     def run(self) -> dict[str, Any]:
         started = time.perf_counter()
         ctx = self.ctx
-        self.metrics = MetricsLog(ctx.paths.metrics, enabled=ctx.is_main)
+        board = ctx.paths.tensorboard if ctx.config.monitor.tensorboard else None
+        self.metrics = MetricsLog(ctx.paths.metrics, enabled=ctx.is_main, tensorboard=board)
         self.reporter = ProgressReporter(ctx.config.monitor.progress, ctx.is_main, 0, None)
         self.run_info = Run(ctx, self.task, self.progress, self.metrics, self.reporter, {})
         try:
@@ -227,13 +230,19 @@ class Driver:
         self.progress.train_time_s = self._time_base + time.perf_counter() - self._session_start
 
     def _meta(self) -> dict[str, Any]:
+        """meta.json's description of the position; `loss` is the latest logged training
+        loss, of the step `loss_step` (the checkpoint's own step when it is a logged one)."""
         p = self.progress
-        return {
+        meta: dict[str, Any] = {
             "epoch": p.epoch,
             "step_in_epoch": p.step_in_epoch,
             "unit": self.plan.unit,
             "train_size": self.task.train_size,
         }
+        logged = self.run_info.last_train
+        if "loss" in logged:
+            meta["loss"], meta["loss_step"] = logged["loss"], self.run_info.last_train_step
+        return meta
 
     def _save(self) -> None:
         """Collective: a periodic checkpoint (once per position)."""
@@ -241,12 +250,17 @@ class Driver:
         if self._saved_step == p.global_step:
             return  # e.g. every_steps and every_epochs at the same step
         self._sync_time()
+        started = time.perf_counter()
+        p.checkpoints_written += 1  # counted in the state it writes
         with self._doing("checkpointing"):
             path = self.checkpoints.save(p.global_step, self._parts(), self._meta(), self._files())
+        seconds = time.perf_counter() - started
+        p.checkpoint_time_s += seconds
         self._saved_step = p.global_step
         if path is not None:
             self.last_checkpoint = path
-            self.metrics.write({"event": "checkpoint", "step": p.global_step, "path": str(path)})
+            record = {"event": "checkpoint", "step": p.global_step, "path": str(path)}
+            self.metrics.write({**record, "seconds": seconds})
             self.ctx.log.info("checkpoint written: %s", path)
 
     def _snapshot(self, manager: CheckpointManager) -> None:
@@ -321,12 +335,24 @@ class Driver:
         if best is not None:  # the loop's own account of its best (a population's member) too
             results["best"] = {**best, **results.get("best", {})}
         results["stopped_early"] = p.stopped_early
+        # the launcher's restart log adds its own count when it restarted the job
+        results["counts"] = {"checkpoints": p.checkpoints_written, "failures": 0}
+        results["ranks"] = self._rank_figures()
         if self.stopped:
             results["stop"] = self.stopped
         summary = self.task.summary()
         if summary:
             results["data"] = summary
         return results
+
+    def _rank_figures(self) -> dict[str, list[float]]:
+        """Collective: each rank's peak memory and checkpoint-writing seconds, by rank."""
+        ctx, world = self.ctx, self.ctx.world_size
+        mine = [peak_memory_bytes(ctx.device) / 2**20, self.progress.checkpoint_time_s]
+        slots = [0.0] * (2 * world)
+        slots[2 * ctx.rank : 2 * ctx.rank + 2] = mine
+        total = all_reduce_sum(ctx, slots)
+        return {"peak_memory_mb": total[0::2], "checkpoint_s": total[1::2]}
 
 
 def _snapshots(ctx: WorkerContext) -> tuple[CheckpointManager, int] | None:

@@ -30,7 +30,7 @@ from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
 from shoal.tasks.base import LossOutput, Task
 from shoal.training.batching import local_share, micro_batches
-from shoal.training.clipping import clip_by_global_norm
+from shoal.training.clipping import clip_by_global_norm, global_norm
 from shoal.training.contracts import GradientSync
 from shoal.training.meter import StepStats
 from shoal.training.nonfinite import describe_nonfinite
@@ -47,6 +47,12 @@ class Learner:
     `share` is (index, count) of this learner within the group that splits each
     global batch: (rank, world_size) for data-parallel replicas, (0, 1) for a
     learner that trains on whole batches alone.
+
+    The global gradient norm before clipping comes with every step that clips (clipping
+    computes it anyway) and, without clipping, with the steps the step loop logs
+    (`norm_every`, its `monitor.log_every_steps`): one more pass over the gradients
+    only at logged steps. Each step is timed in phases (data, forward and backward,
+    communication wait, optimizer) for the report's per-rank time bars.
     """
 
     def __init__(
@@ -57,8 +63,12 @@ class Learner:
         train: TrainConfig,
         total_steps: int,
         share: tuple[int, int] = (0, 1),
+        norm_every: int = 0,
     ) -> None:
         self.task = task
+        #: measure the gradient norm at steps whose number (1-based) this divides, when
+        #: clipping does not measure it anyway (0: only when clipping)
+        self.norm_every = norm_every
         self.model = model
         self.sync = sync
         self.train = train
@@ -80,9 +90,11 @@ class Learner:
     def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats:
         """One optimizer step on this learner's share of `global_batch` (sample indices).
 
-        `global_step` only names the step in a halt message.
+        `global_step` names the step in a halt message and says whether to measure the
+        gradient norm (`norm_every`).
         """
         started = time.perf_counter()
+        self._data_s = 0.0
         local = local_share(global_batch, *self.share)
         scale = 1.0 / len(global_batch)
         loss_scale = self.precision.loss_scale
@@ -90,7 +102,9 @@ class Learner:
         self.sync.loss_scale = loss_scale
         self.sync.begin_step()
         loss_sum, sums, samples = self.forward_backward(local, scale, loss_scale)
+        comm_started = time.perf_counter()
         comm_s = self.sync.finish()
+        optimizer_started = time.perf_counter()
         nonfinite = self.sync.nonfinite()
         if nonfinite and self.train.on_nonfinite == "halt":
             where = f" at step {global_step}" if global_step is not None else ""
@@ -102,13 +116,17 @@ class Learner:
                 "lower train.optimizer.lr or a train.grad_clip_norm, or set "
                 'train.on_nonfinite = "skip_step" to skip such steps'
             )
-        if not nonfinite:
+        norm: float | None = None
+        if not nonfinite:  # agreed on every rank: the norm's collectives run on all or none
             if self.train.grad_clip_norm is not None:
-                self.clip(self.train.grad_clip_norm)
+                norm = self.clip(self.train.grad_clip_norm)
+            elif self._norm_due(global_step):
+                norm = self.grad_norm()
             self.optimizer.step()
         self.precision.update(overflowed=bool(nonfinite))
         self.scheduler.step()
-        wall = time.perf_counter() - started
+        ended = time.perf_counter()
+        wall = ended - started
         return StepStats(
             loss_sum,
             samples,
@@ -118,7 +136,16 @@ class Learner:
             wall,
             sent_bytes=self.sync.take_sent_bytes(),
             skipped=bool(nonfinite),
+            data_s=self._data_s,
+            # the non-finite agreement, clipping, the optimizer and the schedule
+            optimizer_s=ended - optimizer_started,
+            grad_norm=norm,
+            forward_backward_s=comm_started - started - self._data_s,
         )
+
+    def _norm_due(self, global_step: int | None) -> bool:
+        every = self.norm_every
+        return bool(every) and global_step is not None and (global_step + 1) % every == 0
 
     def forward_backward(
         self, local: torch.Tensor, scale: float, loss_scale: float
@@ -135,8 +162,11 @@ class Learner:
             with self.sync.accumulate(last=index == len(parts) - 1):
                 if len(part) == 0:
                     continue
+                fetched = time.perf_counter()
+                batch = self.task.train_batch(part)
+                self._data_s += time.perf_counter() - fetched
                 with self.precision.autocast():
-                    out: LossOutput = self.task.loss(self.model, self.task.train_batch(part))
+                    out: LossOutput = self.task.loss(self.model, batch)
                 if loss_scale == 1.0:
                     (out.loss_sum * scale).backward()
                 else:
@@ -146,11 +176,16 @@ class Learner:
                 sums[name] = sums.get(name, 0) + value.detach()
         return loss_sum, sums, len(local)
 
-    def clip(self, max_norm: float) -> None:
-        """Clip the gradients by their global norm. After the sync every replica holds the
-        global gradient (or its shard of it: the norm is then summed over the shards,
-        `training/clipping.py`); a pipeline stage holds a part and overrides it."""
-        clip_by_global_norm(self.model.parameters(), max_norm)
+    def clip(self, max_norm: float) -> float:
+        """Clip the gradients by their global norm; returns the norm before clipping. After
+        the sync every replica holds the global gradient (or its shard of it: the norm is
+        then summed over the shards, `training/clipping.py`); a pipeline stage holds a part
+        and overrides it."""
+        return clip_by_global_norm(self.model.parameters(), max_norm)
+
+    def grad_norm(self) -> float:
+        """The global 2-norm of the gradients, unchanged (collective when they are sharded)."""
+        return global_norm([p.grad for p in self.model.parameters() if p.grad is not None])
 
     def parts(self) -> dict[str, StatePart]:
         """The learner's checkpoint parts, in load order (`checkpoint/parts.py`)."""

@@ -79,6 +79,14 @@ class Run:
     reporter: ProgressReporter
     last_train: dict[str, float]  # the latest training figures, for results.json
     resume: Resume | None = None  # while the parts load: the checkpoint being resumed
+    last_train_step: int = -1  # the step `last_train` was logged at
+
+    def logged_train(self, figures: dict[str, float], step: int) -> None:
+        """The latest logged training figures: results.json's "train", and the loss a
+        checkpoint's meta.json records with the step it was logged at."""
+        self.last_train.clear()
+        self.last_train.update(figures)
+        self.last_train_step = step
 
 
 @dataclass

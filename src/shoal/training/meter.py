@@ -1,4 +1,11 @@
-"""Accumulates a logging interval's training statistics and reduces them over ranks."""
+"""Accumulates a logging interval's training statistics and reduces them over ranks.
+
+Most figures are means over ranks. Where a step's time goes (data, forward and
+backward, communication wait, optimizer) and each rank's peak memory are kept
+per rank, as `rank<r>_<name>` fields (the names the pipeline's stage figures
+use), so the report can draw one bar per rank and show the straggler: each rank
+fills its own slots of a vector that the interval's one all-reduce sums.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,15 @@ import torch
 
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.memory import peak_memory_bytes
+
+#: a step's phases, per rank (StepStats field -> metric name)
+PHASES = {
+    "data_s": "data_s",
+    "forward_backward_s": "forward_backward_s",
+    "comm_s": "comm_s",
+    "optimizer_s": "optimizer_s",
+}
 
 
 @dataclass
@@ -23,6 +39,10 @@ class StepStats:
     wall_s: float
     sent_bytes: int = 0
     skipped: bool = False
+    data_s: float = 0.0  # reading the batch (the task's train_batch)
+    optimizer_s: float = 0.0  # non-finite check, clipping, optimizer and schedule
+    grad_norm: float | None = None  # the global gradient norm before clipping, when measured
+    forward_backward_s: float = 0.0  # forward and backward (with the overlapped all-reduce)
 
 
 @dataclass
@@ -38,6 +58,8 @@ class IntervalMeter:
     skipped: int = 0
     steps: int = 0
     sums: dict[str, float] = field(default_factory=dict)
+    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    grad_norm: float | None = None  # the latest measured norm of the interval
     started: float = field(default_factory=time.perf_counter)
 
     def add(self, stats: StepStats) -> None:
@@ -49,6 +71,10 @@ class IntervalMeter:
         self.sent_bytes += stats.sent_bytes
         self.skipped += int(stats.skipped)
         self.steps += 1
+        for name in PHASES:
+            self.phases[name] += getattr(stats, name)
+        if stats.grad_norm is not None:
+            self.grad_norm = stats.grad_norm
         for name, value in stats.sums.items():
             self.sums[name] = self.sums.get(name, 0.0) + float(value)
 
@@ -57,8 +83,16 @@ class IntervalMeter:
         names = sorted(self.sums)
         local = [self.loss_sum, self.samples, self.compute_s, self.comm_s, self.wall_s]
         local += [self.sent_bytes, self.skipped]
+        local += [self.grad_norm or 0.0, float(self.grad_norm is not None)]
         local += [self.sums[n] for n in names]
-        total = all_reduce_sum(ctx, local)
+        # each rank's own slots: its phases per step and its peak memory
+        world, width = ctx.world_size, len(PHASES) + 1
+        mine = [self.phases[name] / max(self.steps, 1) for name in PHASES]
+        mine.append(peak_memory_bytes(ctx.device) / 2**20)
+        ranks = [0.0] * (world * width)
+        ranks[ctx.rank * width : (ctx.rank + 1) * width] = mine
+        total = all_reduce_sum(ctx, local + ranks)
+        per_rank, total = total[len(local) :], total[: len(local)]
         samples = max(total[1], 1.0)
         step_time = max(total[4] / ctx.world_size, 1e-9)
         metrics = {
@@ -74,6 +108,12 @@ class IntervalMeter:
             "sent_bytes_per_step": total[5] / ctx.world_size / max(self.steps, 1),
             "skipped_steps": total[6] / ctx.world_size,
         }
-        for name, value in zip(names, total[7:], strict=True):
+        if total[8]:  # the ranks that measured it (all, or none, under one gradient sync)
+            metrics["grad_norm"] = total[7] / total[8]
+        for name, value in zip(names, total[9:], strict=True):
             metrics[f"train_{name}"] = value / samples
+        for rank in range(world):
+            row = per_rank[rank * width : (rank + 1) * width]
+            for metric, value in zip([*PHASES.values(), "peak_mb"], row, strict=True):
+                metrics[f"rank{rank}_{metric}"] = value
         return metrics

@@ -28,6 +28,8 @@ class TrainProgress:
     best_step: int = -1
     evals_without_improvement: int = 0
     stopped_early: bool = False
+    checkpoints_written: int = 0  # periodic, stop and final checkpoints (not best/)
+    checkpoint_time_s: float = 0.0  # this rank's seconds writing them
 
     @property
     def last_step_epoch(self) -> int:

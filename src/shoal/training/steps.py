@@ -165,7 +165,8 @@ class StepLoop:
 
     def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         share = (self.ctx.rank, self.ctx.world_size)
-        return Learner(self.task, model, sync, self.train, total_steps, share=share)
+        every = self.ctx.config.monitor.log_every_steps  # the norm of every logged step
+        return Learner(self.task, model, sync, self.train, total_steps, share, every)
 
     def state_parts(self) -> dict[str, StatePart]:
         return {
@@ -259,15 +260,12 @@ class StepLoop:
         metrics.update(self.learner.sync.interval_metrics())
         p = self.progress
         metrics["lr"] = self.learner.lr
-        last = self.run.last_train
-        last.clear()
-        last.update(
-            {
-                k.removeprefix("train_"): v
-                for k, v in metrics.items()
-                if k == "loss" or k.startswith("train_")
-            }
-        )
+        figures = {
+            k.removeprefix("train_"): v
+            for k, v in metrics.items()
+            if k == "loss" or k.startswith("train_")
+        }
+        self.run.logged_train(figures, p.global_step)
         epoch = p.last_step_epoch  # the interval's epoch, also after the last one has ended
         self.run.metrics.write({"event": "train", "step": p.global_step, "epoch": epoch, **metrics})
         self.run.reporter.update(p.global_step, epoch, metrics)

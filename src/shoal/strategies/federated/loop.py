@@ -373,6 +373,8 @@ class FederatedLoop:
             "wire_bytes_received_per_worker": self.wire.received_bytes,
             "round_s": time.perf_counter() - started,
         }
+        record["samples"] = stats[1]  # the samples the reporting clients trained on
+        record["samples_per_s"] = stats[1] / max(record["round_s"], 1e-9)
         if not cfg.privacy.secure_aggregation:
             record["client_update_norm_mean"] = norm_sum / max(len(reported), 1)
         dp = cfg.privacy.differential
@@ -383,9 +385,8 @@ class FederatedLoop:
             record["dp_noise_std"] = dp.noise_multiplier * dp.clip_norm / len(reported)
         self.totals["client_updates"] += len(reported)
         self.totals["dropped"] += record["dropped"]
-        last = self.run.last_train
-        last.clear()
-        last.update({"loss": record["loss"], **{k: record[f"train_{k}"] for k in sums}})
+        figures = {"loss": record["loss"], **{k: record[f"train_{k}"] for k in sums}}
+        self.run.logged_train(figures, rnd + 1)
         self.run.metrics.write(record)
         drops = f", {record['dropped']} dropped" if record["dropped"] else ""
         self.run.reporter.note(

@@ -228,6 +228,8 @@ class ServerLearner:
             skipped = True  # push nothing but the clock
             entity_ids, relation_ids = entity_ids[:0], relation_ids[:0]
             entity_grad, relation_grad = entity_grad[:0], relation_grad[:0]
+        # this worker's row gradients (no clipping here): two small tensors of the batch's rows
+        norm = float(torch.cat([entity_grad.flatten(), relation_grad.flatten()]).norm())
         self.client.push(entity_ids, entity_grad, relation_ids, relation_grad, global_step)
         self.served.clock = global_step + 1
         wall = time.perf_counter() - started
@@ -240,6 +242,8 @@ class ServerLearner:
             wall,
             sent_bytes=self.sync.take_sent_bytes(),
             skipped=skipped,
+            grad_norm=norm,
+            forward_backward_s=wall - waited,
         )
 
     def observe_metric(self, value: float, direction: str) -> None:

@@ -40,7 +40,8 @@ from shoal.config.train import TrainConfig
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
-from shoal.strategies.pipeline.measure import StageClock, gather_figures, peak_memory_bytes
+from shoal.runtime.memory import peak_memory_bytes
+from shoal.strategies.pipeline.measure import StageClock, gather_figures
 from shoal.strategies.pipeline.stages import (
     PipelinePlace,
     bubble_theory,
@@ -178,8 +179,10 @@ class StageLearner(Learner):
         total_steps: int,
         make_schedule: Any,
         microbatches: int,
+        norm_every: int = 0,
     ) -> None:
-        super().__init__(task, nn.ModuleList(place.modules), sync, train, total_steps)
+        modules = nn.ModuleList(place.modules)
+        super().__init__(task, modules, sync, train, total_steps, norm_every=norm_every)
         self.full, self.place, self.psync = full, place, sync
         self.microbatches = microbatches
         self.ctx = sync.ctx
@@ -246,9 +249,16 @@ class StageLearner(Learner):
 
         return run
 
-    def clip(self, max_norm: float) -> None:
-        """By the norm of the whole model's gradient: each rank's squared norm, summed over
-        the ranks (computed as torch's clip_grad_norm_ does, per tensor then overall)."""
+    def clip(self, max_norm: float) -> float:
+        """By the norm of the whole model's gradient (`grad_norm`); returns that norm."""
+        norm = self.grad_norm()
+        scaled = torch.tensor(norm, dtype=torch.float32, device=self.device)
+        torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), max_norm, scaled)
+        return norm
+
+    def grad_norm(self) -> float:
+        """Collective: each rank's squared norm, summed over the ranks (computed as torch's
+        clip_grad_norm_ does, per tensor then overall)."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         square = torch.zeros((), dtype=torch.float64)
         for grad in grads:
@@ -256,8 +266,7 @@ class StageLearner(Learner):
         total = torch.tensor([float(square)], dtype=torch.float64, device=self.ctx.comm_device)
         if self.ctx.distributed and self.ctx.world_size > 1:
             torch.distributed.all_reduce(total)
-        norm = total.sqrt().to(torch.float32).reshape(()).to(self.device)
-        torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), max_norm, norm)
+        return float(total.sqrt().to(torch.float32))
 
     # ------------------------------------------------------------ the full model
     def refresh(self) -> None:

@@ -18,13 +18,9 @@ from __future__ import annotations
 
 import functools
 import json
-import resource
-import sys
 import time
 from collections.abc import Callable
 from typing import Any
-
-import torch
 
 from shoal.runtime.collectives import Peers, gather_bytes
 
@@ -60,14 +56,6 @@ class StageClock:
         figures = (self.compute_s, self.step_s, self.steps)
         self.compute_s, self.step_s, self.steps = 0.0, 0.0, 0
         return figures
-
-
-def peak_memory_bytes(device: torch.device) -> int:
-    """The allocator's peak on CUDA; the process's peak resident set elsewhere."""
-    if device.type == "cuda":
-        return int(torch.cuda.max_memory_allocated(device))
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return int(peak if sys.platform == "darwin" else peak * 1024)
 
 
 def gather_figures(ctx: Peers, figures: dict[str, float]) -> list[dict[str, float]]:

@@ -138,6 +138,7 @@ class PipelineStrategy(Strategy):
             total_steps,
             schedule,
             config.microbatches,
+            norm_every=self.ctx.config.monitor.log_every_steps,
         )
         return self.learner
 

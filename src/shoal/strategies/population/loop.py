@@ -103,6 +103,7 @@ class PopulationLoop:
         self.metric, self.mode = resolve_metric(config, type(task))
         self.plot = PlotFollower(ctx.paths.root / PLOT_FILE, self.metric, self.space)
         self._fault_fired = False
+        self._sent_mark = 0  # this rank's bytes sent to peers until the last generation
 
     # ------------------------------------------------------------ setup
     def setup(self, run: Run) -> Plan:
@@ -259,10 +260,10 @@ class PopulationLoop:
             self.book.times["evaluation"] += stats.eval_s
             self.book.samples += stats.samples
             self.book.failures += stats.error is not None
-        self.report.log(generation, everyone, self.members)
+        sent, self._sent_mark = self.peers.sent_bytes - self._sent_mark, self.peers.sent_bytes
+        self.report.log(generation, everyone, self.members, sent / max(steps, 1))
         best = generation.members[best_member(generation, self.mode)]
-        self.run.last_train.clear()
-        self.run.last_train["loss"] = best.train_loss
+        self.run.logged_train({"loss": best.train_loss}, start + steps)
         if g + 1 < self.generations:
             self._evolve(g, scores, start + steps)
         self.book.next_generation = g + 1
