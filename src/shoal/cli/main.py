@@ -1,5 +1,5 @@
-"""`shoal train`, `shoal status`, `shoal generate`, `shoal config validate|schema|show`,
-`shoal plugins`.
+"""`shoal train`, `shoal status`, `shoal report`, `shoal generate`,
+`shoal config validate|schema|show`, `shoal plugins`.
 
 User errors print one line each (what, where, how to fix) and exit 2, without a
 traceback; a failed job exits 1 with the rank and error that caused it; a run
@@ -92,6 +92,19 @@ def _status(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _report(args: argparse.Namespace) -> int:
+    import time
+    from pathlib import Path
+
+    from shoal.report import write_report
+
+    started = time.perf_counter()
+    output = Path(args.output) if args.output else None
+    written = write_report([Path(d) for d in args.run_dirs], output)
+    print(f"report written: {written} ({time.perf_counter() - started:.1f} s)")
+    return EXIT_OK
+
+
 def _generate(args: argparse.Namespace) -> int:
     from shoal.tasks.lm.generate import generate
 
@@ -144,6 +157,20 @@ def build_parser() -> argparse.ArgumentParser:
     )
     status.add_argument("run_dir", metavar="RUN_DIR", help="run directory")
     status.set_defaults(handler=_status)
+
+    report = commands.add_parser(
+        "report",
+        help="one self-contained HTML page of runs: curves, time per rank, strategy panels; "
+        "several runs are overlaid (re-run it while a run goes to refresh)",
+    )
+    report.add_argument("run_dirs", nargs="+", metavar="RUN_DIR", help="run directories")
+    report.add_argument(
+        "-o",
+        "--output",
+        metavar="FILE",
+        help="where to write the page (RUN_DIR/report.html for one run, ./report.html for several)",
+    )
+    report.set_defaults(handler=_report)
 
     generate = commands.add_parser(
         "generate", help="sample text from a language-model run's best checkpoint"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import re
 from typing import Literal
@@ -107,6 +108,22 @@ class MonitorConfig(ConfigModel):
     progress: Literal["auto", "bar", "plain", "off"] = Field(
         "auto", description="Progress display: a live bar on a terminal, plain lines otherwise."
     )
+    tensorboard: bool = Field(
+        False,
+        description="Also write metrics.jsonl's scalars as TensorBoard event files into the "
+        "run's tensorboard/ folder (`tensorboard --logdir runs/` shows every run). Needs the "
+        "tensorboard package: pip install 'shoal[tensorboard]'.",
+    )
+
+    @field_validator("tensorboard")
+    @classmethod
+    def _check_tensorboard(cls, value: bool) -> bool:
+        if value and importlib.util.find_spec("tensorboard") is None:
+            raise ValueError(
+                "the tensorboard package is not installed: pip install 'shoal[tensorboard]' "
+                "(or set monitor.tensorboard = false)"
+            )
+        return value
 
 
 class FaultInjection(ConfigModel):

@@ -1,11 +1,19 @@
-"""metrics.jsonl: one JSON object per line, appended as training goes (rank 0 only)."""
+"""metrics.jsonl: one JSON object per line, appended as training goes (rank 0 only).
+
+Every record carries `time`, the Unix time it was written, so figures can be drawn
+against wall time (`shoal report`), across a resume's gap too; the launcher's
+failure and restart records carry it as well.
+"""
 
 from __future__ import annotations
 
 import json
 import math
+import time
 from pathlib import Path
 from typing import Any
+
+from shoal.monitor.tensorboard import ScalarWriter
 
 
 def _clean(value: Any) -> Any:
@@ -15,22 +23,34 @@ def _clean(value: Any) -> Any:
 
 
 class MetricsLog:
-    """Appends records to metrics.jsonl; each line is flushed so a crash loses at most one."""
+    """Appends records to metrics.jsonl; each line is flushed so a crash loses at most one.
+    With `tensorboard` (a folder), the same records' scalars also go to TensorBoard event
+    files there (`monitor/tensorboard.py`)."""
 
-    def __init__(self, path: Path, enabled: bool) -> None:
+    def __init__(self, path: Path, enabled: bool, tensorboard: Path | None = None) -> None:
         self.path = path
         self._handle = open(path, "a", encoding="utf-8") if enabled else None  # noqa: SIM115
+        self._scalars: ScalarWriter | None = None
+        if enabled and tensorboard is not None:
+            self._scalars = ScalarWriter(tensorboard)
 
     def write(self, record: dict[str, Any]) -> None:
         if self._handle is None:
             return
-        self._handle.write(json.dumps({k: _clean(v) for k, v in record.items()}) + "\n")
+        clean = {k: _clean(v) for k, v in record.items()}
+        clean.setdefault("time", round(time.time(), 3))
+        self._handle.write(json.dumps(clean) + "\n")
         self._handle.flush()
+        if self._scalars is not None:
+            self._scalars.write(clean)
 
     def close(self) -> None:
         if self._handle is not None:
             self._handle.close()
             self._handle = None
+        if self._scalars is not None:
+            self._scalars.close()
+            self._scalars = None
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -16,6 +16,7 @@ class RunPaths:
     runs/<name>/
         config.toml          the resolved config (defaults filled in, paths absolute)
         metrics.jsonl        one JSON object per logging interval and evaluation
+        tensorboard/         the same scalars as TensorBoard event files ([monitor] tensorboard)
         results.json         final metrics, wall time, world size, strategy
         logs/rank-<r>.log    one log per rank (and rank-<r>.error.json if it failed)
         checkpoints/step-<n> one folder per checkpoint
@@ -42,6 +43,10 @@ class RunPaths:
     @property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
+
+    @property
+    def tensorboard(self) -> Path:
+        return self.root / "tensorboard"
 
     @property
     def results(self) -> Path:
