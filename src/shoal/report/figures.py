@@ -74,14 +74,21 @@ def lines(series: Sequence[Series], xlabel: str, ylabel: str, log_y: bool = Fals
         return _svg(figure)
 
 
-def stacked_bars(labels: Sequence[str], parts: Mapping[str, Sequence[float]], ylabel: str) -> str:
-    """One bar per label, stacked from `parts` (name -> a value per label)."""
+def stacked_bars(
+    labels: Sequence[str],
+    parts: Mapping[str, Sequence[float]],
+    ylabel: str,
+    colors: Mapping[str, str] | None = None,
+) -> str:
+    """One bar per label, stacked from `parts` (name -> a value per label); `colors` keeps
+    a part's colour when other parts are left out."""
     with matplotlib.rc_context(STYLE):
         figure = Figure(figsize=(max(3.2, 0.6 * len(labels) + 2.4), 3.0))
         axes = figure.add_subplot()
         bottom = [0.0] * len(labels)
         for name, values in parts.items():
-            axes.bar(labels, values, bottom=bottom, label=name, width=0.6)
+            shade = (colors or {}).get(name)
+            axes.bar(labels, values, bottom=bottom, label=name, width=0.6, color=shade)
             bottom = [b + v for b, v in zip(bottom, values, strict=True)]
         axes.set_ylabel(ylabel)
         axes.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0))

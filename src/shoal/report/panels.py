@@ -287,7 +287,8 @@ def time_panel(runs: list[RunData]) -> Panel | None:
     if not labels:
         return None
     used = {k: v for k, v in parts.items() if any(v)}
-    body = charts(stacked_bars(labels, used, "seconds per step"))
+    shades = {name: color(i) for i, name in enumerate(parts)}  # a phase keeps its colour
+    body = charts(stacked_bars(labels, used, "seconds per step (a round: per round)", shades))
     return Panel(
         "time",
         "Where a step's time goes",
