@@ -194,3 +194,32 @@ def test_the_page_reader_sees_no_data_in_an_empty_chart() -> None:
     wrap = '<section data-panel="x">{}</section>'
     assert read_page(wrap.format(empty)).panels["x"].drawn == 0
     assert read_page(wrap.format(one)).panels["x"].drawn >= 1
+
+
+def test_a_pipeline_runs_page_has_the_model_parallel_panel(
+    tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    """Two stages: the measured bubble beside the schedule's, each rank's compute and idle
+    time; clipping's norm (a sum over the stages) is logged as the gradient norm."""
+    from tests.tasks.lm.helpers import lm_job, write_text
+
+    corpus = write_text(tmp_path_factory.mktemp("text"))
+    job = lm_job(
+        tmp_path / "runs",
+        corpus,
+        train={"max_steps": 6, "batch_size": 8, "drop_last": True, "grad_clip_norm": 0.5},
+        task={"model": {"dim": 32, "heads": 4, "layers": 4, "context": 16}},
+        monitor={"log_every_steps": 2, "progress": "off"},
+        strategy={"type": "pipeline", "stages": 2, "microbatches": 4},
+        run={"name": "pp"},
+    )
+    results = shoal.train(job)
+    page = _page(write_report([Path(results["run_dir"])], tmp_path / "pp.html"))
+    panel = page.panels["model_parallel"]
+    assert panel.svgs == 2 and panel.drawn  # the bubble by step, compute and idle by rank
+    assert {"rank 0", "rank 1", "compute", "idle"} <= set(panel.text)
+    assert panel.rows == 2  # results.json's pipeline ranks
+    train = [r for r in read_metrics(Path(results["run_dir"]) / "metrics.jsonl") if r["event"] == "train"]
+    assert all(r["grad_norm"] > 0 for r in train)
+    for name in ("time", "memory", "grad_norm"):
+        assert page.panels[name].drawn, name
