@@ -219,7 +219,9 @@ def test_a_pipeline_runs_page_has_the_model_parallel_panel(
     assert panel.svgs == 2 and panel.drawn  # the bubble by step, compute and idle by rank
     assert {"rank 0", "rank 1", "compute", "idle"} <= set(panel.text)
     assert panel.rows == 2  # results.json's pipeline ranks
-    train = [r for r in read_metrics(Path(results["run_dir"]) / "metrics.jsonl") if r["event"] == "train"]
+    train = [
+        r for r in read_metrics(Path(results["run_dir"]) / "metrics.jsonl") if r["event"] == "train"
+    ]
     assert all(r["grad_norm"] > 0 for r in train)
     for name in ("time", "memory", "grad_norm"):
         assert page.panels[name].drawn, name

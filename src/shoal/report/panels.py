@@ -71,9 +71,9 @@ def fmt(value: Any) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             return str(value)
-        if value != 0 and (abs(value) >= 1e5 or abs(value) < 1e-3):
+        if value != 0 and (abs(value) >= 1e9 or abs(value) < 1e-3):
             return f"{value:.3g}"
-        return f"{value:,.4g}"
+        return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.4g}"
     if value is None:
         return "—"
     return str(value)
