@@ -23,6 +23,8 @@ class StepStats:
     wall_s: float
     sent_bytes: int = 0
     skipped: bool = False
+    #: forward and backward of this rank's share alone (no waiting for peers' gradients)
+    work_s: float = 0.0
 
 
 @dataclass

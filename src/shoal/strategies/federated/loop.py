@@ -169,8 +169,11 @@ class FederatedLoop:
 
     def run_unit(self) -> bool:
         rnd = self.progress.global_step
-        maybe_inject_fault(self.ctx, rnd)
-        self._round(rnd)
+        undo_fault = maybe_inject_fault(self.ctx, rnd)
+        try:
+            self._round(rnd)
+        finally:
+            undo_fault()
         self.progress.global_step = rnd + 1
         self.run.reporter.update(rnd + 1, 0)
         return False

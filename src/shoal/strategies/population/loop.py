@@ -31,6 +31,7 @@ import copy
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -103,6 +104,7 @@ class PopulationLoop:
         self.metric, self.mode = resolve_metric(config, type(task))
         self.plot = PlotFollower(ctx.paths.root / PLOT_FILE, self.metric, self.space)
         self._fault_fired = False
+        self._undo_fault: Callable[[], None] = lambda: None
 
     # ------------------------------------------------------------ setup
     def setup(self, run: Run) -> Plan:
@@ -230,7 +232,10 @@ class PopulationLoop:
         steps = min(self.config.ready_interval, self.total_steps - start)
         local: dict[int, GenerationStats] = {}
         for m, member in self.members.items():
-            stats = member.train(steps, self._before_step)
+            try:
+                stats = member.train(steps, self._before_step)
+            finally:
+                self._undo_fault()  # a slowed rank computes slowly while it trains, only
             if stats.error is None:
                 stats.metrics, stats.eval_s = self._evaluate(member)
             local[m] = stats
@@ -272,7 +277,7 @@ class PopulationLoop:
             self.ctx.heartbeat.beat(step)
         if not self._fault_fired:
             try:
-                maybe_inject_fault(self.ctx, step)
+                self._undo_fault = maybe_inject_fault(self.ctx, step)
             except InjectedFault:
                 self._fault_fired = True  # one member fails, not every member reaching the step
                 raise
