@@ -40,7 +40,8 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, t
 
 
 @pytest.mark.parametrize(
-    ("workers", "balance"), [(1, "static"), (2, "static"), (3, "static"), (2, "dynamic"), (3, "dynamic")]
+    ("workers", "balance"),
+    [(1, "static"), (2, "static"), (3, "static"), (2, "dynamic"), (3, "dynamic")],
 )
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_n_workers_reproduce_one_process(
@@ -119,7 +120,9 @@ def test_dynamic_shares_follow_a_slowed_worker_and_still_equal_local(
     fast, slowed = balance["fractions"]
     assert slowed < 0.5 < fast
     metrics = Path(results["run_dir"]) / "metrics.jsonl"
-    plans = [r for r in map(json.loads, metrics.read_text().splitlines()) if r["event"] == "balance"]
+    plans = [
+        r for r in map(json.loads, metrics.read_text().splitlines()) if r["event"] == "balance"
+    ]
     assert len(plans) == 26 // 3
     assert plans[-1]["shares"][1] < 31 / 2 < plans[-1]["shares"][0]
     assert sum(plans[-1]["shares"]) == 31

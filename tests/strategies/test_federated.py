@@ -304,3 +304,35 @@ def test_resume_at_a_round_boundary_is_bit_identical(runs: Path) -> None:
     rounds = [json.loads(line) for line in (broken / "metrics.jsonl").read_text().splitlines()]
     # rounds 1-3 ran, the crash came before round 4, the resume repeated round 3
     assert [r["round"] for r in rounds if r["event"] == "round"] == [1, 2, 3, 3, 4, 5]
+
+
+def test_balanced_and_dynamic_assignments_give_the_static_model_bit_for_bit(runs: Path) -> None:
+    """A label-skewed partition (client sizes differ several-fold) on 2 workers, one of them
+    computing 3x slower: whoever runs which client, every selected client trains exactly
+    once per round and the global model is the same bits as the static assignment's, and
+    as one worker's (the clients' updates are summed exactly). Dynamically, the slowed
+    worker takes fewer clients."""
+    skewed = {"kind": "dirichlet", "alpha": 0.3, "min_samples": 8}
+    slow = {"inject": {"rank": 1, "step": 0, "kind": "slow", "factor": 3.0}}
+
+    def job(workers: int, balance: str) -> dict[str, Any]:
+        sections = fed_job(
+            runs, num_clients=6, workers=workers, rounds=3, partition=skewed, balance=balance
+        )
+        return {**sections, "faults": slow} if workers > 1 else sections
+
+    results = {
+        "one worker": shoal.train(job(1, "static")),
+        **{balance: shoal.train(job(2, balance)) for balance in ("static", "balanced", "dynamic")},
+    }
+    models = {name: final_state(r)["model"] for name, r in results.items()}
+    for name, model in models.items():
+        for key in model:
+            assert torch.equal(model[key], models["static"][key]), (name, key)
+    for name, r in results.items():
+        rounds = _rounds(r)
+        assert [sorted(rec["clients"]) for rec in rounds] == [list(range(6))] * 3, name
+    dynamic = _rounds(results["dynamic"])
+    assert all(sum(rec["worker_clients"]) == 6 for rec in dynamic)
+    fast, slowed = (sum(rec["worker_clients"][w] for rec in dynamic) for w in (0, 1))
+    assert slowed < fast
