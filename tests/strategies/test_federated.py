@@ -194,8 +194,10 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
     rows = _training_rows()
     params = sum(t.numel() for t in final_state(results)["model"].values())
     allowed = {
-        "round_status": (torch.float64, 4 + 6),  # 4 report flags and 6 round statistics
-        "model_update": (torch.float32, params + 1),
+        # 4 report flags, 4 run counts, 2 workers' busy seconds and client counts, and 6
+        # round statistics
+        "round_status": (torch.float64, 4 + 4 + 2 * 2 + 6),
+        "model_update": (torch.int64, params + 1),  # exact fixed point (federated/exact.py)
         "masked_model_update": (torch.int64, params + 1),
         "public_keys": (torch.uint8, 4 * 256),
         "stop_request": (torch.int32, 2),  # each worker's stop signal, after every round
@@ -212,6 +214,10 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
             assert (tensor.dtype, tensor.numel()) == (dtype, numel), record["what"]
             if tensor.is_floating_point():
                 assert not _contains_row(tensor.numpy(), rows), f"a sample in {record['what']}"
+            elif record["what"] == "model_update":  # fixed point x 2^k: at any scale
+                values = tensor.double().numpy()
+                for k in range(-64, 128):
+                    assert not _contains_row(np.ldexp(values, -k), rows), f"a sample at 2^{k}"
             seen.add(record["what"])
     update = "masked_model_update" if secure else "model_update"
     expected = {"round_status", update, "stop_request"} | ({"public_keys"} if secure else set())
@@ -219,9 +225,7 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
     rounds = _rounds(results)
     sent = rounds[-1]["wire_bytes_sent_per_worker"]
     # the third round's record is written before its stop agreement: two of 2 x 4 bytes
-    assert sent == 3 * (10 * 8 + (params + 1) * (8 if secure else 4)) + (1024 if secure else 0) + (
-        2 * 2 * 4
-    )
+    assert sent == 3 * (18 * 8 + (params + 1) * 8) + (1024 if secure else 0) + 2 * 2 * 4
 
 
 def test_differential_privacy_clips_noises_and_reports(runs: Path) -> None:
