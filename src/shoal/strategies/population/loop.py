@@ -203,7 +203,8 @@ class PopulationLoop:
 
     # ------------------------------------------------------------ the units
     def start(self) -> None:
-        """Nothing before the first generation: each member trains in its own learner."""
+        """Each member trains in its own learner: only the generations' clock starts."""
+        self._last_generation = time.perf_counter()
 
     def done(self) -> bool:
         return self.book.next_generation >= self.generations
@@ -269,7 +270,9 @@ class PopulationLoop:
             self.book.times["evaluation"] += stats.eval_s
             self.book.samples += stats.samples
             self.book.failures += stats.error is not None
-        self.report.log(generation, everyone, self.members)
+        now = time.perf_counter()
+        self.report.log(generation, everyone, self.members, now - self._last_generation)
+        self._last_generation = now
         best = generation.members[best_member(generation, self.mode)]
         self.run.last_train.clear()
         self.run.last_train["loss"] = best.train_loss

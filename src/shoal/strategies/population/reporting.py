@@ -29,9 +29,11 @@ class GenerationReport:
         generation: Generation,
         everyone: dict[int, GenerationStats],
         members: dict[int, Member],
+        seconds: float = 0.0,
     ) -> None:
         """A `member` line per member (the lineage), a `member_failed` line per failure, and
-        a `generation` summary, which the progress display shows. `members`: this worker's."""
+        a `generation` summary, which the progress display shows. `members`: this worker's;
+        `seconds`: wall time since the previous generation's summary (or the first start)."""
         g, step = generation.index, generation.end
         for m, record in enumerate(generation.members):
             self.run.metrics.write(
@@ -88,6 +90,7 @@ class GenerationReport:
             "failed": len(generation.members) - len(good),
             "loss": float(np.mean(loss)) if loss else math.nan,
             "samples_per_s": samples / busy if busy else 0.0,
+            "generation_s": seconds,
             "lr": generation.members[best].hyperparameters.get("lr", self.default_lr),
         }
         self.run.metrics.write(summary)
