@@ -3,9 +3,12 @@ whole samples, every sample dealt once."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
-from shoal.training.balance import bounded_fractions, split_counts
+from shoal.runtime.roles import longest_first
+from shoal.training.balance import bounded_fractions, smoothed, split_counts
 
 
 def test_fractions_follow_speeds() -> None:
@@ -36,3 +39,16 @@ def test_counts_cover_the_batch_once_and_nobody_gets_nothing(total: int) -> None
 def test_counts_round_by_largest_remainder_ties_to_the_lower_rank() -> None:
     assert split_counts(31, [0.5, 0.5]) == [16, 15]
     assert split_counts(10, [0.25, 0.75]) == [3, 7]  # 2.5 / 7.5: the tie goes to rank 0
+
+
+def test_speeds_are_smoothed_and_an_unmeasured_rank_keeps_its_estimate() -> None:
+    assert smoothed(None, [100.0, math.nan]) == [100.0, 0.0]
+    assert smoothed([100.0, 50.0], [200.0, math.nan]) == [150.0, 50.0]
+
+
+def test_longest_first_places_by_cost_and_speed() -> None:
+    """Costs 5, 4, 3, 3, 1 on two equal workers: 5+3 / 4+3+1 (LPT); on a worker 3x
+    faster than the other, most of the work goes to it."""
+    assert longest_first([5.0, 4.0, 3.0, 3.0, 1.0], [1.0, 1.0]) == [0, 1, 1, 0, 1]
+    placement = longest_first([1.0] * 8, [3.0, 1.0])
+    assert placement.count(0) == 6 and placement.count(1) == 2

@@ -33,6 +33,17 @@ from shoal.runtime.context import WorkerContext
 SMOOTHING = 0.5
 
 
+def smoothed(old: Sequence[float] | None, measured: Sequence[float]) -> list[float]:
+    """Speeds averaged exponentially (weight SMOOTHING on the newest); a rank measured no
+    time for (nan) keeps its old estimate, one never measured is 0."""
+    if old is None:
+        return [m if math.isfinite(m) else 0.0 for m in measured]
+    return [
+        SMOOTHING * m + (1 - SMOOTHING) * prev if math.isfinite(m) else prev
+        for m, prev in zip(measured, old, strict=True)
+    ]
+
+
 def bounded_fractions(speeds: Sequence[float], min_share: float) -> list[float]:
     """Fractions proportional to `speeds`, each at least `min_share` / n, summing to 1."""
     n = len(speeds)
@@ -110,13 +121,7 @@ class BatchShares:
         measured = [
             total[r] / total[world + r] if total[world + r] > 0 else math.nan for r in range(world)
         ]
-        if self.speeds is None:
-            self.speeds = [m if math.isfinite(m) else 0.0 for m in measured]
-        else:
-            self.speeds = [
-                SMOOTHING * m + (1 - SMOOTHING) * old if math.isfinite(m) else old
-                for m, old in zip(measured, self.speeds, strict=True)
-            ]
+        self.speeds = smoothed(self.speeds, measured)
         if all(s > 0 for s in self.speeds):
             self.fractions = bounded_fractions(self.speeds, self.min_share)
         self.plans += 1

@@ -5,7 +5,8 @@ work ends. With static placement (member m on worker m mod W) a slow worker hold
 as many members as a fast one and every generation waits for it. Dynamically,
 after each generation every worker computes, from the figures every worker already
 has (each member's steps and compute seconds, exchanged with its scores), each
-worker's speed (its members' steps per second, smoothed over generations), places
+worker's speed (its members' steps per second, smoothed over generations as data_parallel's
+shares are, `training/balance.py`), places
 the members by longest processing time first on workers of those speeds (members
 cost alike: the same steps of the same model), and moves the fewest members that
 reach those counts. Every worker computes the same placement from the same
@@ -20,9 +21,7 @@ from collections.abc import Mapping
 
 from shoal.runtime.roles import RankRoles, longest_first
 from shoal.strategies.population.member import GenerationStats
-
-#: weight of the newest generation's speed in the smoothed estimate
-SMOOTHING = 0.5
+from shoal.training.balance import smoothed
 
 
 class MemberScheduler:
@@ -40,13 +39,7 @@ class MemberScheduler:
             steps[w] += stats.steps
             seconds[w] += stats.compute_s
         measured = [s / t if t > 0 else math.nan for s, t in zip(steps, seconds, strict=True)]
-        old = self.speeds or measured
-        self.speeds = [
-            (SMOOTHING * new + (1 - SMOOTHING) * prev if math.isfinite(prev) else new)
-            if math.isfinite(new)
-            else prev
-            for new, prev in zip(measured, old, strict=True)
-        ]
+        self.speeds = smoothed(self.speeds, measured)
 
     def placement(self, roles: RankRoles) -> list[int] | None:
         """Each member's worker index under the measured speeds (None: keep the placement).
