@@ -74,7 +74,7 @@ CASES = [
     (
         "dynamic balance under secure aggregation",
         GOOD + 'balance = "dynamic"\nprivacy = { secure_aggregation = true }\n',
-        "bad.toml:7: strategy: balance = \"dynamic\" moves clients between workers, but under "
+        'bad.toml:7: strategy: balance = "dynamic" moves clients between workers, but under '
         "secure aggregation a client's key pair lives on one worker; use balance = "
         '"balanced" (a fixed placement by expected work)',
     ),
