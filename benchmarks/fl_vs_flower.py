@@ -12,7 +12,12 @@ dependency:
 
     echo torch==2.13.0 > /tmp/torch-pin.txt
     .venv/bin/pip install -c /tmp/torch-pin.txt "flwr[simulation]"
-    .venv/bin/python benchmarks/fl_vs_flower.py [--repeats 3] [--rounds 20] [--workers 2]
+    .venv/bin/python benchmarks/fl_vs_flower.py [--repeats 3] [--rounds 20] [--workers 2] \
+        [--balances static balanced dynamic]
+
+`--balances` runs shoal once per `strategy.balance` (each against the same Flower runs):
+static (client c on worker c mod workers), balanced (placed by shard size, longest
+first) or dynamic (workers take the next client from a queue).
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ def job(args: argparse.Namespace, run_dir: Path) -> dict[str, Any]:
             "workers": args.workers,
             "rounds": args.rounds,
             "local_epochs": 1,
+            "balance": args.balance,
             "partition": {"kind": "dirichlet", "alpha": 0.5, "min_samples": 10, "seed": 0},
         },
         "train": {
@@ -197,9 +203,12 @@ def shared_problem_model(initial: torch.nn.Module) -> torch.nn.Module:
 
 # ---------------------------------------------------------------- driver
 def one(contender: str, args: argparse.Namespace) -> dict[str, Any]:
+    """`contender`: "flower" or "shoal-<balance>"."""
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "result.json"
-        cmd = [sys.executable, __file__, "--only", contender, "--out", str(out)]
+        name, _, balance = contender.partition("-")
+        cmd = [sys.executable, __file__, "--only", name, "--out", str(out)]
+        cmd += ["--balance", balance or "static"]
         cmd += ["--rounds", str(args.rounds), "--clients", str(args.clients)]
         cmd += ["--workers", str(args.workers), "--samples", str(args.samples)]
         cmd += ["--batch-size", str(args.batch_size), "--lr", str(args.lr)]
@@ -223,6 +232,10 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=25_000)
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--lr", type=float, default=0.05)
+    parser.add_argument(
+        "--balances", nargs="+", default=["static"], choices=["static", "balanced", "dynamic"]
+    )
+    parser.add_argument("--balance", default="static", help=argparse.SUPPRESS)
     parser.add_argument("--only", choices=["shoal", "flower"], help=argparse.SUPPRESS)
     parser.add_argument("--out", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -233,9 +246,10 @@ def main() -> None:
 
     print(f"machine: {platform.machine()}, {os.cpu_count()} cores, torch {torch.__version__}")
     print(f"settings: {vars(args)}")
-    results: dict[str, list[dict[str, Any]]] = {"shoal": [], "flower": []}
+    contenders = [f"shoal-{b}" for b in args.balances] + ["flower"]
+    results: dict[str, list[dict[str, Any]]] = {c: [] for c in contenders}
     for repeat in range(args.repeats):
-        for contender in ("shoal", "flower"):
+        for contender in contenders:
             result = one(contender, args)
             results[contender].append(result)
             median = statistics.median(result["round_s"])
@@ -244,33 +258,37 @@ def main() -> None:
                 f"final accuracy {result['accuracy'][-1]:.4f}, process {result['process_s']:.1f} s",
                 flush=True,
             )
-    print("\n| round | shoal accuracy | Flower accuracy | shoal round s | Flower round s |")
-    print("|---|---|---|---|---|")
+    print("\n| round | " + " | ".join(f"{c} accuracy" for c in contenders) + " | ", end="")
+    print(" | ".join(f"{c} round s" for c in contenders) + " |")
+    print("|---" * (1 + 2 * len(contenders)) + "|")
     for rnd in range(args.rounds):
         acc = {c: statistics.mean(r["accuracy"][rnd] for r in results[c]) for c in results}
         sec = {c: statistics.median(r["round_s"][rnd] for r in results[c]) for c in results}
         print(
-            f"| {rnd + 1} | {acc['shoal']:.4f} | {acc['flower']:.4f} | "
-            f"{sec['shoal']:.3f} | {sec['flower']:.3f} |"
+            f"| {rnd + 1} | "
+            + " | ".join(f"{acc[c]:.4f}" for c in contenders)
+            + " | "
+            + " | ".join(f"{sec[c]:.3f}" for c in contenders)
+            + " |"
         )
     medians = {c: statistics.median(s for r in results[c] for s in r["round_s"]) for c in results}
-    finals = {c: [r["accuracy"][-1] for r in results[c]] for c in results}
-    print(
-        f"\nmedian round: shoal {medians['shoal']:.3f} s, Flower {medians['flower']:.3f} s; "
-        f"Flower / shoal = {medians['flower'] / medians['shoal']:.2f}x"
-    )
     totals = {c: statistics.median(sum(r["round_s"]) for r in results[c]) for c in results}
-    ratio = totals["flower"] / totals["shoal"]
-    print(
-        f"all {args.rounds} rounds, first included: shoal {totals['shoal']:.2f} s, "
-        f"Flower {totals['flower']:.2f} s; Flower / shoal = {ratio:.2f}x"
-    )
-    for contender, values in finals.items():
-        print(f"final accuracy {contender}: {', '.join(f'{v:.4f}' for v in values)}")
     process = {c: statistics.median(r["process_s"] for r in results[c]) for c in results}
-    print(
-        f"whole process (median): shoal {process['shoal']:.1f} s, Flower {process['flower']:.1f} s"
-    )
+    print()
+    for c in contenders:
+        finals = ", ".join(f"{r['accuracy'][-1]:.4f}" for r in results[c])
+        versus = (
+            ""
+            if c == "flower"
+            else (
+                f"; Flower / {c}: median round {medians['flower'] / medians[c]:.2f}x, "
+                f"all rounds {totals['flower'] / totals[c]:.2f}x"
+            )
+        )
+        print(
+            f"{c}: median round {medians[c]:.3f} s, all {args.rounds} rounds (first included) "
+            f"{totals[c]:.2f} s, whole process {process[c]:.1f} s, final accuracy {finals}{versus}"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ process ends, up to float rounding.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -38,14 +39,21 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, t
     return out
 
 
-@pytest.mark.parametrize("workers", [1, 2, 3])
+@pytest.mark.parametrize(
+    ("workers", "balance"),
+    [(1, "static"), (2, "static"), (3, "static"), (2, "dynamic"), (3, "dynamic")],
+)
 @pytest.mark.parametrize("optimizer", sorted(OPTIMIZERS))
 def test_n_workers_reproduce_one_process(
-    runs: Path, reference: dict[str, dict[str, torch.Tensor]], optimizer: str, workers: int
+    runs: Path,
+    reference: dict[str, dict[str, torch.Tensor]],
+    optimizer: str,
+    workers: int,
+    balance: str,
 ) -> None:
-    job = small_job(
-        runs, strategy=data_parallel(workers), train={"optimizer": OPTIMIZERS[optimizer]}
-    )
+    """Also with dynamic shares, re-planned every 2 steps: any split is the same update."""
+    strategy = {**data_parallel(workers), "balance": balance, "rebalance_every": 2}
+    job = small_job(runs, strategy=strategy, train={"optimizer": OPTIMIZERS[optimizer]})
     results = shoal.train(job)
     assert results["world_size"] == workers
     assert results["steps"] == 26
@@ -88,3 +96,33 @@ def test_broadcast_buffers_keep_replicas_identical(runs: Path, tmp_path: Path) -
     state = final_state(results)["model"]
     assert state["1.num_batches_tracked"].item() == results["steps"]
     assert results["valid"]["accuracy"] > 0.8
+
+
+def test_dynamic_shares_follow_a_slowed_worker_and_still_equal_local(
+    runs: Path, reference: dict[str, dict[str, torch.Tensor]]
+) -> None:
+    """Rank 1 computes 3x slower: its share of the batch falls below the even share (every
+    re-plan is logged and checkpointed), and the parameters still equal one process's."""
+    strategy = {**data_parallel(2), "balance": "dynamic", "rebalance_every": 3}
+    slow = {"inject": {"rank": 1, "step": 0, "kind": "slow", "factor": 3.0}}
+    job = small_job(
+        runs,
+        strategy=strategy,
+        train={"optimizer": OPTIMIZERS["sgd-momentum"]},
+        faults=slow,
+        monitor={"progress": "off", "log_every_steps": 1},
+    )
+    results = shoal.train(job)
+    assert results["steps"] == 26
+    _assert_close(final_state(results)["model"], reference["sgd-momentum"])
+    balance = final_state(results)["strategy"]["balance"]
+    assert balance["plans"] == 26 // 3
+    fast, slowed = balance["fractions"]
+    assert slowed < 0.5 < fast
+    metrics = Path(results["run_dir"]) / "metrics.jsonl"
+    plans = [
+        r for r in map(json.loads, metrics.read_text().splitlines()) if r["event"] == "balance"
+    ]
+    assert len(plans) == 26 // 3
+    assert plans[-1]["shares"][1] < 31 / 2 < plans[-1]["shares"][0]
+    assert sum(plans[-1]["shares"]) == 31

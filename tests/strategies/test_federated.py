@@ -194,8 +194,10 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
     rows = _training_rows()
     params = sum(t.numel() for t in final_state(results)["model"].values())
     allowed = {
-        "round_status": (torch.float64, 4 + 6),  # 4 report flags and 6 round statistics
-        "model_update": (torch.float32, params + 1),
+        # 4 report flags, 4 run counts, 2 workers' busy seconds and client counts, and 6
+        # round statistics
+        "round_status": (torch.float64, 4 + 4 + 2 * 2 + 6),
+        "model_update": (torch.int64, params + 1),  # exact fixed point (federated/exact.py)
         "masked_model_update": (torch.int64, params + 1),
         "public_keys": (torch.uint8, 4 * 256),
         "stop_request": (torch.int32, 2),  # each worker's stop signal, after every round
@@ -212,6 +214,10 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
             assert (tensor.dtype, tensor.numel()) == (dtype, numel), record["what"]
             if tensor.is_floating_point():
                 assert not _contains_row(tensor.numpy(), rows), f"a sample in {record['what']}"
+            elif record["what"] == "model_update":  # fixed point x 2^k: at any scale
+                values = tensor.double().numpy()
+                for k in range(-64, 128):
+                    assert not _contains_row(np.ldexp(values, -k), rows), f"a sample at 2^{k}"
             seen.add(record["what"])
     update = "masked_model_update" if secure else "model_update"
     expected = {"round_status", update, "stop_request"} | ({"public_keys"} if secure else set())
@@ -219,9 +225,7 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
     rounds = _rounds(results)
     sent = rounds[-1]["wire_bytes_sent_per_worker"]
     # the third round's record is written before its stop agreement: two of 2 x 4 bytes
-    assert sent == 3 * (10 * 8 + (params + 1) * (8 if secure else 4)) + (1024 if secure else 0) + (
-        2 * 2 * 4
-    )
+    assert sent == 3 * (18 * 8 + (params + 1) * 8) + (1024 if secure else 0) + 2 * 2 * 4
 
 
 def test_differential_privacy_clips_noises_and_reports(runs: Path) -> None:
@@ -304,3 +308,35 @@ def test_resume_at_a_round_boundary_is_bit_identical(runs: Path) -> None:
     rounds = [json.loads(line) for line in (broken / "metrics.jsonl").read_text().splitlines()]
     # rounds 1-3 ran, the crash came before round 4, the resume repeated round 3
     assert [r["round"] for r in rounds if r["event"] == "round"] == [1, 2, 3, 3, 4, 5]
+
+
+def test_balanced_and_dynamic_assignments_give_the_static_model_bit_for_bit(runs: Path) -> None:
+    """A label-skewed partition (client sizes differ several-fold) on 2 workers, one of them
+    computing 3x slower: whoever runs which client, every selected client trains exactly
+    once per round and the global model is the same bits as the static assignment's, and
+    as one worker's (the clients' updates are summed exactly). Dynamically, the slowed
+    worker takes fewer clients."""
+    skewed = {"kind": "dirichlet", "alpha": 0.3, "min_samples": 8}
+    slow = {"inject": {"rank": 1, "step": 0, "kind": "slow", "factor": 3.0}}
+
+    def job(workers: int, balance: str) -> dict[str, Any]:
+        sections = fed_job(
+            runs, num_clients=6, workers=workers, rounds=3, partition=skewed, balance=balance
+        )
+        return {**sections, "faults": slow} if workers > 1 else sections
+
+    results = {
+        "one worker": shoal.train(job(1, "static")),
+        **{balance: shoal.train(job(2, balance)) for balance in ("static", "balanced", "dynamic")},
+    }
+    models = {name: final_state(r)["model"] for name, r in results.items()}
+    for name, model in models.items():
+        for key in model:
+            assert torch.equal(model[key], models["static"][key]), (name, key)
+    for name, r in results.items():
+        rounds = _rounds(r)
+        assert [sorted(rec["clients"]) for rec in rounds] == [list(range(6))] * 3, name
+    dynamic = _rounds(results["dynamic"])
+    assert all(sum(rec["worker_clients"]) == 6 for rec in dynamic)
+    fast, slowed = (sum(rec["worker_clients"][w] for rec in dynamic) for w in (0, 1))
+    assert slowed < fast

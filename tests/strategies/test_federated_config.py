@@ -71,6 +71,13 @@ CASES = [
         GOOD + '[[strategy.inject]]\nclient = 0\nround = 0\nkind = "stall"\n',
         "bad.toml:7: strategy: inject: a stall fault needs strategy.round_timeout_s",
     ),
+    (
+        "dynamic balance under secure aggregation",
+        GOOD + 'balance = "dynamic"\nprivacy = { secure_aggregation = true }\n',
+        'bad.toml:7: strategy: balance = "dynamic" moves clients between workers, but under '
+        "secure aggregation a client's key pair lives on one worker; use balance = "
+        '"balanced" (a fixed placement by expected work)',
+    ),
 ]
 
 

@@ -134,11 +134,19 @@ class FaultInjection(ConfigModel):
     kind: Literal["raise", "exit", "hang", "nan", "slow"] = Field(
         "raise",
         description="raise an exception, exit abruptly, stop responding, (nan) turn this "
-        "rank's gradient of the first parameter into NaN at that step, or (slow) sleep "
-        "delay_s before every step from that step on (a straggler).",
+        "rank's gradient of the first parameter into NaN at that step, or (slow) make it a "
+        "straggler from that step on: `factor` times slower compute, or delay_s of sleep "
+        "before every step.",
     )
     delay_s: float = Field(
         0.2, gt=0, description='kind = "slow": seconds this rank sleeps before each step.'
+    )
+    factor: float | None = Field(
+        None,
+        gt=1,
+        description='kind = "slow": this rank computes `factor` times slower (each forward and '
+        "backward is followed by factor - 1 times its own duration of sleep), so its delay "
+        "grows with its share of the work, as a slower machine's would; replaces delay_s.",
     )
 
 

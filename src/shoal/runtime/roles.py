@@ -14,7 +14,7 @@ workers, and the groups of a dimension are derived here, once.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from shoal.errors import ShoalError
 
@@ -32,6 +32,9 @@ class RankRoles:
     items_field: str = ""
     #: sizes of the workers' mesh dimensions, e.g. {"data": 4}; their product is len(workers)
     dims: dict[str, int] = field(default_factory=dict)
+    #: the worker index of each item when they are not dealt round-robin (a balanced
+    #: placement, `placed`); empty: item m on worker m mod workers
+    placement: tuple[int, ...] = ()
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -68,7 +71,16 @@ class RankRoles:
 
     def owner(self, item: int) -> int:
         """The worker rank that hosts item `item` (a client, a member)."""
+        if self.placement:
+            return self.workers[self.placement[item]]
         return self.workers[item % len(self.workers)]
+
+    def placed(self, placement: list[int]) -> RankRoles:
+        """These roles with item m on worker `placement[m]` (e.g. by `longest_first`)."""
+        if len(placement) != self.items or not all(0 <= w < len(self.workers) for w in placement):
+            workers = len(self.workers)
+            raise ValueError(f"a placement of {self.items} {self.item}s on {workers}: {placement}")
+        return replace(self, placement=tuple(placement))
 
     def coordinates(self, rank: int) -> dict[str, int]:
         """`rank`'s index along each mesh dimension (row-major: the last varies fastest),
@@ -128,3 +140,19 @@ def _ranks(ranks: tuple[int, ...]) -> str:
     if ranks and ranks == tuple(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
         return f"{ranks[0]}-{ranks[-1]}"
     return ",".join(map(str, ranks)) or "none"
+
+
+def longest_first(costs: list[float], speeds: list[float]) -> list[int]:
+    """Items placed on workers by longest processing time first (Graham's LPT rule).
+
+    Items in decreasing cost (ties: lower index first) each go to the worker that would
+    finish it soonest, (load + cost) / speed (ties: lower worker). A pure function of its
+    arguments, so every rank computes the same placement. Returns each item's worker.
+    """
+    loads = [0.0] * len(speeds)
+    placement = [0] * len(costs)
+    for item in sorted(range(len(costs)), key=lambda i: (-costs[i], i)):
+        worker = min(range(len(speeds)), key=lambda w: ((loads[w] + costs[item]) / speeds[w], w))
+        placement[item] = worker
+        loads[worker] += costs[item]
+    return placement

@@ -20,6 +20,28 @@ from shoal.runtime.context import WorkerContext
 INJECTED_EXIT_CODE = 17
 
 
+class Slowdown:
+    """How many times slower this process computes: `[faults.inject] kind = "slow"` with a
+    `factor` sets it while a step runs, and :func:`straggle` (called by the learner after
+    each micro-batch's forward and backward) sleeps the difference. Work-proportional, so
+    a load balancer that gives this rank less work really makes it finish sooner."""
+
+    factor: float = 1.0
+
+
+SLOWDOWN = Slowdown()
+
+
+def straggle(started: float) -> None:
+    """Sleep (factor - 1) x the time since `started` if this rank is slowed (else nothing)."""
+    if SLOWDOWN.factor > 1.0:
+        time.sleep((SLOWDOWN.factor - 1.0) * (time.perf_counter() - started))
+
+
+def _steady() -> None:
+    SLOWDOWN.factor = 1.0
+
+
 class InjectedFault(RuntimeError):
     """Raised by `[faults.inject] kind = "raise"`."""
 
@@ -34,7 +56,8 @@ def maybe_inject_fault(
     """Break this rank if `[faults.inject]` names it and `step`; returns what undoes it.
 
     `nan` turns this step's gradient of `model`'s first parameter into NaN through
-    a hook, which the returned callable removes after the step. A resumed run is
+    a hook, which the returned callable removes after the step; `slow` with a `factor`
+    slows this rank's compute until the returned callable is called. A resumed run is
     never broken again (nor a run the launcher restarted), so a run failed on purpose
     can be resumed (which is what the tests of resume do).
     """
@@ -42,9 +65,13 @@ def maybe_inject_fault(
     if fault is None or ctx.resume_from or ctx.restart or fault.rank != ctx.rank:
         return _nothing
     if fault.kind == "slow":  # a straggler: every step from `step` on
-        if step >= fault.step:
+        if step < fault.step:
+            return _nothing
+        if fault.factor is None:
             time.sleep(fault.delay_s)
-        return _nothing
+            return _nothing
+        SLOWDOWN.factor = fault.factor
+        return _steady
     if fault.step != step:
         return _nothing
     ctx.log.error("fault injection: %s at step %d", fault.kind, step)

@@ -29,9 +29,11 @@ from shoal.checkpoint.sharded import (
 from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
 from shoal.tasks.base import LossOutput, Task
+from shoal.training.balance import BatchShares
 from shoal.training.batching import local_share, micro_batches
 from shoal.training.clipping import clip_by_global_norm, global_norm
 from shoal.training.contracts import GradientSync
+from shoal.training.faults import straggle
 from shoal.training.meter import StepStats
 from shoal.training.nonfinite import describe_nonfinite
 from shoal.training.optim import WarmupDecay, build_factor, build_optimizer, build_scheduler
@@ -46,7 +48,8 @@ class Learner:
 
     `share` is (index, count) of this learner within the group that splits each
     global batch: (rank, world_size) for data-parallel replicas, (0, 1) for a
-    learner that trains on whole batches alone.
+    learner that trains on whole batches alone. `shares`, when given, decides the
+    slice instead (data_parallel's dynamic balance, `training/balance.py`).
 
     The global gradient norm before clipping comes with every step that clips (clipping
     computes it anyway) and, without clipping, with the steps the step loop logs
@@ -64,6 +67,7 @@ class Learner:
         total_steps: int,
         share: tuple[int, int] = (0, 1),
         norm_every: int = 0,
+        shares: BatchShares | None = None,
     ) -> None:
         self.task = task
         #: measure the gradient norm at steps whose number (1-based) this divides, when
@@ -73,6 +77,7 @@ class Learner:
         self.sync = sync
         self.train = train
         self.share = share
+        self.shares = shares
         self.device = next(model.parameters()).device
         self.optimizer = build_optimizer(model.parameters(), train.optimizer)
         self.scheduler = build_scheduler(self.optimizer, train, total_steps)
@@ -95,14 +100,19 @@ class Learner:
         """
         started = time.perf_counter()
         self._data_s = 0.0
-        local = local_share(global_batch, *self.share)
+        if self.shares is not None:
+            local = self.shares.local(global_batch)
+        else:
+            local = local_share(global_batch, *self.share)
         scale = 1.0 / len(global_batch)
         loss_scale = self.precision.loss_scale
         self.sync.zero_grad()
         self.sync.loss_scale = loss_scale
         self.sync.begin_step()
+        work_started = time.perf_counter()
         loss_sum, sums, samples = self.forward_backward(local, scale, loss_scale)
         comm_started = time.perf_counter()
+        work_s = comm_started - work_started
         comm_s = self.sync.finish()
         optimizer_started = time.perf_counter()
         nonfinite = self.sync.nonfinite()
@@ -141,6 +151,7 @@ class Learner:
             optimizer_s=ended - optimizer_started,
             grad_norm=norm,
             forward_backward_s=comm_started - started - self._data_s,
+            work_s=work_s,
         )
 
     def _norm_due(self, global_step: int | None) -> bool:
@@ -165,12 +176,14 @@ class Learner:
                 fetched = time.perf_counter()
                 batch = self.task.train_batch(part)
                 self._data_s += time.perf_counter() - fetched
+                started = time.perf_counter()
                 with self.precision.autocast():
                     out: LossOutput = self.task.loss(self.model, batch)
                 if loss_scale == 1.0:
                     (out.loss_sum * scale).backward()
                 else:
                     (out.loss_sum * (scale * loss_scale)).backward()
+                straggle(started)  # `[faults.inject] kind = "slow"`: a slower machine
             loss_sum += out.loss_sum.detach()
             for name, value in out.sums.items():
                 sums[name] = sums.get(name, 0) + value.detach()

@@ -43,6 +43,8 @@ class StepStats:
     optimizer_s: float = 0.0  # non-finite check, clipping, optimizer and schedule
     grad_norm: float | None = None  # the global gradient norm before clipping, when measured
     forward_backward_s: float = 0.0  # forward and backward (with the overlapped all-reduce)
+    #: forward and backward of this rank's share alone (no waiting for peers' gradients)
+    work_s: float = 0.0
 
 
 @dataclass

@@ -31,6 +31,7 @@ from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything, worker_seed
 from shoal.runtime.stop import STOP
 from shoal.tasks.base import Task
+from shoal.training.balance import BatchShares, split_counts
 from shoal.training.batching import EpochPlan, steps_per_epoch
 from shoal.training.contracts import GradientSync, TrainingStrategy
 from shoal.training.faults import maybe_inject_fault
@@ -103,6 +104,8 @@ class StepCollaborators:
     after_restore: Callable[[int], None] | None = None
     #: more results.json fields (collective)
     section: Callable[[TrainProgress], dict[str, Any]] | None = None
+    #: each rank's slice of a global batch, re-planned from measured speeds (default: even)
+    shares: BatchShares | None = None
 
 
 class StepLoop:
@@ -166,7 +169,9 @@ class StepLoop:
     def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         share = (self.ctx.rank, self.ctx.world_size)
         every = self.ctx.config.monitor.log_every_steps  # the norm of every logged step
-        return Learner(self.task, model, sync, self.train, total_steps, share, every)
+        return Learner(
+            self.task, model, sync, self.train, total_steps, share, every, shares=self.with_.shares
+        )
 
     def state_parts(self) -> dict[str, StatePart]:
         return {
@@ -230,10 +235,21 @@ class StepLoop:
         p.sent_bytes += stats.sent_bytes
         p.skipped_steps += int(stats.skipped)
         self.meter.add(stats)
+        shares = self.with_.shares
+        if shares is not None and shares.observe(stats.samples, stats.work_s):
+            self._log_shares(shares)
         if p.global_step % self.ctx.config.monitor.log_every_steps == 0:
             self.flush()
         else:
             self.run.reporter.update(p.global_step, p.epoch)
+
+    def _log_shares(self, shares: BatchShares) -> None:
+        """A new split of the global batch: one line in the log, one record in metrics.jsonl."""
+        batch, step = self.train.batch_size, self.progress.global_step
+        counts = split_counts(batch, shares.fractions)
+        self.ctx.log.info("step %d: %s", step, shares.describe(batch))
+        record = {"event": "balance", "step": step, "shares": counts, "speeds": shares.speeds}
+        self.run.metrics.write(record)
 
     def next_epoch(self) -> None:
         self.progress.epoch += 1

@@ -210,6 +210,25 @@ def test_workers_reproduce_one_worker(runs: Path, one_worker: dict[str, Any], wo
     _assert_same_population(spread, one_worker)
 
 
+def test_dynamic_schedule_moves_members_off_a_slow_worker_and_changes_nothing(
+    runs: Path, one_worker: dict[str, Any]
+) -> None:
+    """Rank 1 computes 3x slower: after a generation the members are re-placed by measured
+    step time (rank 1 keeps fewer), moving with their state, and the population trains
+    exactly as one worker's does."""
+    slow = {"inject": {"rank": 1, "step": 0, "kind": "slow", "factor": 3.0}}
+    job = _small_population(runs, "dynamic", 2, faults=slow)
+    job["strategy"]["balance"] = "dynamic"
+    spread = shoal.train(job)
+    _assert_same_population(spread, one_worker)
+    records = read_metrics(Path(spread["run_dir"]) / "metrics.jsonl")
+    schedules = [r for r in records if r["event"] == "schedule"]
+    assert schedules and schedules[0]["moved"]
+    placed = schedules[-1]["members_by_rank"]
+    assert len(placed["1"]) < len(placed["0"]) and len(placed["1"]) >= 1
+    assert sorted(placed["0"] + placed["1"]) == list(range(5))
+
+
 def test_crash_then_resume_is_exact(runs: Path, one_worker: dict[str, Any]) -> None:
     """A worker dies in generation 3; the resumed run ends exactly where an unbroken one does."""
     job = _small_population(

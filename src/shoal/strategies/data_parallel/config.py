@@ -29,6 +29,22 @@ class DataParallelStrategyConfig(StrategySection):
     broadcast_buffers: bool = Field(
         True, description="Copy rank 0's buffers (e.g. batch-norm statistics) every step."
     )
+    balance: Literal["static", "dynamic"] = Field(
+        "static",
+        description="How each global batch is split: static (even shares) or dynamic (each "
+        "worker's share follows its measured speed, re-planned every `rebalance_every` steps; "
+        "the update is the same under any split, so parameters still equal one process's).",
+    )
+    rebalance_every: int = Field(
+        5, ge=1, description='balance = "dynamic": steps between two re-plans of the shares.'
+    )
+    min_share: float = Field(
+        0.25,
+        gt=0,
+        le=1,
+        description='balance = "dynamic": the least share of a worker, as a fraction of the '
+        "even share (no worker is starved of work, and its speed stays measured).",
+    )
     aggregation: AggregationConfig = Field(
         default_factory=NativeAggregationConfig,
         description="How gradients are combined: method = native (the default) | ring | tree | "

@@ -16,9 +16,13 @@ from shoal.comm.topology import neighbours
 from shoal.config.root import ShoalConfig
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import gather_tensors
+from shoal.runtime.context import WorkerContext
 from shoal.strategies.base import LEARNERS, Strategy
 from shoal.strategies.data_parallel.config import DataParallelStrategyConfig
+from shoal.tasks.base import Task
+from shoal.training.balance import BatchShares
 from shoal.training.contracts import GradientSync
+from shoal.training.steps import StepCollaborators, StepLoop
 
 
 class DataParallelStrategy(Strategy):
@@ -43,10 +47,31 @@ class DataParallelStrategy(Strategy):
     workers_field: ClassVar[str | None] = "num_replicas"
     #: the global batch is split over however many replicas there are: the same problem
     elastic: ClassVar[bool] = True
-    resume_safe: ClassVar[tuple[str, ...]] = ("bucket_cap_mb",)
+    #: the split of a global batch changes no update: balancing is safe to change
+    resume_safe: ClassVar[tuple[str, ...]] = (
+        "bucket_cap_mb",
+        "balance",
+        "rebalance_every",
+        "min_share",
+    )
     #: the learner family loads each other's checkpoints; a pipeline saves the whole model
     #: and one optimizer state in this layout
     resumes_from: ClassVar[tuple[str, ...]] = (*LEARNERS, "pipeline")
+
+    def __init__(self, ctx: WorkerContext) -> None:
+        super().__init__(ctx)
+        config = self.config
+        self.shares = (
+            BatchShares(ctx, config.rebalance_every, config.min_share)
+            if config.balance == "dynamic" and ctx.world_size > 1
+            else None
+        )
+
+    def run(self, task: Task) -> dict[str, Any]:
+        """The shared step loop, with dynamic shares of each global batch if asked for."""
+        return self.drive(
+            task, StepLoop(self.ctx, task, self, StepCollaborators(shares=self.shares))
+        )
 
     @property
     def config(self) -> DataParallelStrategyConfig:
@@ -102,9 +127,14 @@ class DataParallelStrategy(Strategy):
     def state_dict(self) -> dict[str, Any]:
         """Collective: every rank's own state (compression residuals, gossip replicas)."""
         ranks = gather_tensors(self.ctx, self.sync.rank_state_dict())
-        return {"ranks": ranks} if self.ctx.is_main and any(ranks) else {}
+        state: dict[str, Any] = {"ranks": ranks} if self.ctx.is_main and any(ranks) else {}
+        if self.shares is not None:
+            state["balance"] = self.shares.state_dict()
+        return state
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
+        if self.shares is not None and "balance" in state:
+            self.shares.load_state_dict(state["balance"])
         ranks = state.get("ranks") or []
         if not ranks:
             return
@@ -119,4 +149,5 @@ class DataParallelStrategy(Strategy):
         self.sync.load_rank_state_dict(ranks[self.ctx.rank])
 
     def describe(self) -> str:
-        return f"data_parallel x{self.ctx.world_size} ({self.describe_aggregation()})"
+        balance = ", dynamic shares" if self.shares is not None else ""
+        return f"data_parallel x{self.ctx.world_size} ({self.describe_aggregation()}{balance})"

@@ -210,6 +210,14 @@ class FederatedStrategyConfig(ConfigModel):
         "(`--workers` overrides it).",
     )
     rounds: int = Field(10, ge=1, description="Federated rounds (one server update each).")
+    balance: Literal["static", "balanced", "dynamic"] = Field(
+        "static",
+        description="Which worker runs which client: static (client c on worker c mod "
+        "workers), balanced (placed once by expected work, samples x local epochs, longest "
+        "first), or dynamic (each round, a worker that is free takes the next selected client, "
+        "longest first, from a queue in the job's store). The global model is the same bits "
+        "under all three: the updates are summed exactly.",
+    )
     local_epochs: int | None = Field(
         None, ge=1, description="Passes over its own data a client makes per round (default 1)."
     )
@@ -288,6 +296,18 @@ class FederatedStrategyConfig(ConfigModel):
                 raise ValueError(f"inject: client {fault.client} is not < num_clients ({n})")
             if fault.kind == "stall" and self.round_timeout_s is None:
                 raise ValueError("inject: a stall fault needs strategy.round_timeout_s")
+        if self.balance != "static" and isinstance(self.partition, FilesPartitionConfig):
+            raise ValueError(
+                f'balance = "{self.balance}" needs every client\'s sample count before the '
+                "workers read their files, and a files partition has them only in the files; "
+                'use balance = "static" with partition kind = "files"'
+            )
+        if self.balance == "dynamic" and self.privacy.secure_aggregation:
+            raise ValueError(
+                'balance = "dynamic" moves clients between workers, but under secure '
+                "aggregation a client's key pair lives on one worker; use balance = "
+                '"balanced" (a fixed placement by expected work)'
+            )
         least = self.least_selected()
         if least < self.min_clients:
             raise ValueError(

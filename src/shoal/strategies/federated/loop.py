@@ -3,13 +3,18 @@
 Every worker holds the global model x. A round:
 
 1. every worker computes the selected clients (a function of seed and round);
-2. each worker runs its selected hosted clients in turn (client c lives on worker
-   c mod workers); a client that raises or passes `round_timeout_s` is dropped;
-3. one small all-reduce of report flags and round statistics: every worker now
-   knows who reported; fewer than `min_clients` ends the run with a clear error;
+2. each worker runs its selected hosted clients in turn (`balance`: client c lives
+   on worker c mod workers, or where a longest-first placement by expected work put
+   it; or, dynamic, a worker takes the next selected client, longest first, from a
+   queue in the job's store whenever it is free); a client that raises or passes
+   `round_timeout_s` is dropped;
+3. one small all-reduce of report flags, run counts and round statistics: every
+   worker now knows who reported (and that each selected client ran exactly once);
+   fewer than `min_clients` ends the run with a clear error;
 4. one all-reduce of [sum_i w_i * Delta_i, sum_i w_i] over the reporting clients
-   (in the clear, or pairwise-masked in fixed point under secure aggregation);
-   w_i = n_i (samples), or 1 under differential privacy;
+   (in the clear as exact fixed-point integers, `exact.py`, so the sum is the same
+   whoever ran which client; or pairwise-masked in fixed point under secure
+   aggregation); w_i = n_i (samples), or 1 under differential privacy;
 5. every worker applies the same server step to x (FedAvg, FedProx, FedOpt).
 
 Only model updates, report flags, round statistics and public keys cross the
@@ -29,6 +34,7 @@ from __future__ import annotations
 
 import time
 import traceback
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -37,10 +43,11 @@ from shoal.checkpoint.parts import Custom, FilePart, StatePart
 from shoal.comm.links import CommGroup
 from shoal.errors import JobFailed, ShoalError
 from shoal.runtime.context import WorkerContext
+from shoal.runtime.queue import SharedQueue
 from shoal.runtime.rng import seed_everything
-from shoal.runtime.roles import RankRoles
+from shoal.runtime.roles import RankRoles, longest_first
 from shoal.runtime.stop import STOP
-from shoal.strategies.federated import privacy, secure
+from shoal.strategies.federated import exact, privacy, secure
 from shoal.strategies.federated.aggregation import AGGREGATIONS, FedAvg
 from shoal.strategies.federated.client import ClientDropped, ClientReport, ClientRunner
 from shoal.strategies.federated.config import FederatedStrategyConfig
@@ -88,12 +95,11 @@ class FederatedLoop:
         self.model = task.build_model().to(ctx.device)
         self.vector = ModelVector(self.model)
         self.x = self.vector.read()
-        self.hosted = self.roles.hosted_by(ctx.rank)
-        self.shards = client_shards(cfg.partition, task, cfg.num_clients, self.hosted)
         self.aggregation: FedAvg = AGGREGATIONS.get(cfg.aggregation.method)(
             cfg.aggregation, self.vector.size
         )
         self.runner = ClientRunner(task, self.vector, self.model, self.aggregation, train, cfg)
+        self._place_clients()
         self.sum_names = self._probe_sums()
         # the first optimizer built in a process imports torch's compile machinery (about a
         # second): pay that now, not inside the first round's deadline
@@ -109,11 +115,60 @@ class FederatedLoop:
             eval_every=cfg.eval_every_rounds or None,
             line=(
                 f"training {ctx.config.task.type} with {self.detail}: {cfg.rounds} rounds, "
-                f"clients {self.hosted} hosted here "
-                f"({[len(self.shards[c]) for c in self.hosted]} samples), "
-                f"{self.vector.size} values per update"
+                + (
+                    "each worker takes the next client from a shared queue, "
+                    if self.queue is not None
+                    else f"clients {self.hosted} hosted here "
+                    f"({[len(self.shards[c]) for c in self.hosted]} samples), "
+                )
+                + f"{self.vector.size} values per update"
             ),
         )
+
+    def _place_clients(self) -> None:
+        """Which clients this worker runs (`strategy.balance`), and their shards.
+
+        static: client c on worker c mod workers. balanced: every worker computes every
+        client's expected work (local steps x samples per step) and the same longest-first
+        placement. dynamic: any worker may run any client, so it holds every shard, and
+        takes the round's clients from a queue in the job's store.
+        """
+        ctx, cfg, n = self.ctx, self.config, self.config.num_clients
+        balance = cfg.balance if ctx.world_size > 1 else "static"
+        self.queue = SharedQueue("federated") if balance == "dynamic" else None
+        if balance == "static":
+            self.hosted = self.roles.hosted_by(ctx.rank)
+            self.shards = client_shards(cfg.partition, self.task, n, self.hosted)
+            self.work = [0.0] * n
+            return
+        shards = client_shards(cfg.partition, self.task, n, list(range(n)))
+        batch = ctx.config.train.batch_size
+        self.work = [
+            float(self.runner.local_steps(len(shards[c])) * min(batch, len(shards[c])))
+            for c in range(n)
+        ]
+        if balance == "dynamic":
+            self.hosted, self.shards = list(range(n)), shards
+            return
+        self.roles = self.roles.placed(longest_first(self.work, [1.0] * ctx.world_size))
+        self.hosted = self.roles.hosted_by(ctx.rank)
+        self.shards = {c: shards[c] for c in self.hosted}
+        loads = [sum(self.work[c] for c in self.roles.hosted_by(r)) for r in self.roles.workers]
+        ctx.log.info(
+            "clients placed by expected work (longest first): %s; sample-steps per worker %s",
+            self.roles.describe(),
+            [int(load) for load in loads],
+        )
+
+    def _round_clients(self, rnd: int, selected: list[int]) -> Iterator[int]:
+        """The selected clients this worker runs in round `rnd`, one at a time: its hosted
+        ones, or (dynamic) the next of the round's clients, longest first, until none is left."""
+        if self.queue is None:
+            yield from (c for c in selected if c in self.shards)
+            return
+        order = sorted(selected, key=lambda c: (-self.work[c], c))
+        while (position := self.queue.take(f"round-{rnd}")) < len(order):
+            yield order[position]
 
     def _probe_sums(self) -> list[str]:
         """The names of the task's additive statistics (e.g. accuracy), the same on every worker."""
@@ -129,7 +184,7 @@ class FederatedLoop:
         for client, pair in keys.items():
             table[client] = torch.frombuffer(bytearray(pair.public_bytes()), dtype=torch.uint8)
         gathered = self.wire.all_gather(table, "public_keys")
-        public = {c: bytes(gathered[c % len(gathered)][c].numpy().tobytes()) for c in range(n)}
+        public = {c: bytes(gathered[self.roles.owner(c)][c].numpy().tobytes()) for c in range(n)}
         return {
             c: {peer: pair.shared_seed(public[peer]) for peer in range(n) if peer != c}
             for c, pair in keys.items()
@@ -169,8 +224,11 @@ class FederatedLoop:
 
     def run_unit(self) -> bool:
         rnd = self.progress.global_step
-        maybe_inject_fault(self.ctx, rnd)
-        self._round(rnd)
+        undo_fault = maybe_inject_fault(self.ctx, rnd)
+        try:
+            self._round(rnd)
+        finally:
+            undo_fault()
         self.progress.global_step = rnd + 1
         self.run.reporter.update(rnd + 1, 0)
         return False
@@ -204,9 +262,14 @@ class FederatedLoop:
         selected = select_clients(cfg, ctx.config.train.seed, rnd)
         deadline = time.monotonic() + cfg.round_timeout_s if cfg.round_timeout_s else None
         faults = {f.client: f for f in cfg.inject if f.round == rnd}
-        status = torch.zeros(cfg.num_clients, dtype=torch.float64)
+        n, workers = cfg.num_clients, ctx.world_size
+        status = torch.zeros(n, dtype=torch.float64)
+        ran = torch.zeros(n, dtype=torch.float64)  # how many times each client ran (once!)
+        busy = torch.zeros(2 * workers, dtype=torch.float64)  # each worker's seconds, clients
         reports: dict[int, ClientReport] = {}
-        for client in (c for c in selected if c in self.shards):
+        for client in self._round_clients(rnd, selected):
+            ran[client] += 1
+            client_started = time.perf_counter()
             try:
                 reports[client] = self.runner.run(
                     client, self.shards[client], rnd, self.x, deadline, faults.get(client)
@@ -225,6 +288,8 @@ class FederatedLoop:
                     exc,
                 )
                 ctx.log.info("client %d's error:\n%s", client, traceback.format_exc())
+            busy[ctx.rank] += time.perf_counter() - client_started
+            busy[workers + ctx.rank] += 1
             if ctx.heartbeat is not None:
                 ctx.heartbeat.beat(self.progress.global_step)
 
@@ -242,9 +307,20 @@ class FederatedLoop:
             sum(clipped for _, clipped in contributions.values()),
             sum(secure.fixed_point_magnitude(v) for v, _ in contributions.values()),
         ]
-        shared = torch.cat([status, torch.tensor(stats, dtype=torch.float64)])
+        shared = torch.cat([status, ran, busy, torch.tensor(stats, dtype=torch.float64)])
         self.wire.all_reduce_sum(shared, "round_status")
-        status = shared[: cfg.num_clients].round().long()
+        status = shared[:n].round().long()
+        runs = shared[n : 2 * n].round().long()
+        twice = [c for c in selected if runs[c] > 1]
+        missed = [c for c in selected if runs[c] == 0]
+        if twice or missed:
+            raise RoundFailed(
+                f"round {rnd}: selected clients ran more than once ({twice}) or never "
+                f"({missed}): the job's store handed out positions of the round's queue "
+                "wrongly (did another process write to it?); resume from the newest checkpoint"
+            )
+        busy = shared[2 * n : 2 * n + 2 * workers]
+        shared = shared[2 * n + 2 * workers :]
         reported = [c for c in selected if status[c] == OK]
         dropped = {
             name: [c for c in selected if status[c] == code] for code, name in STATUS_NAMES.items()
@@ -260,7 +336,7 @@ class FederatedLoop:
         # 5. the server step, the same on every worker
         self.aggregation.server_step(self.x, delta)
         self.vector.write(self.x)
-        self._log_round(rnd, started, selected, reported, dropped, shared, delta)
+        self._log_round(rnd, started, selected, reported, dropped, shared, delta, busy)
 
     def _contributions(
         self, reports: dict[int, ClientReport]
@@ -303,15 +379,15 @@ class FederatedLoop:
                 )
                 vector = vector + torch.cat([noise, torch.zeros(1, dtype=torch.float64)])
             vectors[client] = vector
-        if not cfg.privacy.secure_aggregation:
-            local = torch.zeros(size, dtype=torch.float64)
-            for vector in vectors.values():
-                local += vector
-            wire = local.float()
-            self.wire.all_reduce_sum(wire, "model_update")
-            return wire.double()
         if dp is not None:  # the noise's sum has std sigma * C: allow 10 of those on top
             magnitude += 10 * dp.noise_multiplier * dp.clip_norm * (1 << secure.FRACTION_BITS)
+        if not cfg.privacy.secure_aggregation:  # exact: the same sum in any order
+            k = exact.exponent(magnitude / (1 << secure.FRACTION_BITS))
+            local = torch.zeros(size, dtype=torch.int64)
+            for vector in vectors.values():
+                local += exact.to_fixed(vector, k)
+            self.wire.all_reduce_sum(local, "model_update")
+            return exact.from_fixed(local, k)
         if magnitude >= secure.RANGE_LIMIT:
             scale = float(1 << secure.FRACTION_BITS)
             raise ShoalError(
@@ -347,10 +423,12 @@ class FederatedLoop:
         dropped: dict[str, list[int]],
         shared: torch.Tensor,
         delta: torch.Tensor,
+        busy: torch.Tensor,
     ) -> None:
+        """`shared`: the round's statistics summed over the workers; `busy`: each worker's
+        seconds in its clients, then how many clients it ran."""
         cfg = self.config
-        n = cfg.num_clients
-        stats = shared[n:].tolist()
+        stats = shared.tolist()
         loss_sum, trained = stats[0], max(stats[1], 1.0)
         sums = dict(zip(self.sum_names, stats[2 : 2 + len(self.sum_names)], strict=True))
         norm_sum, clipped = stats[2 + len(self.sum_names)], stats[3 + len(self.sum_names)]
@@ -372,6 +450,8 @@ class FederatedLoop:
             "wire_bytes_sent_per_worker": self.wire.sent_bytes,
             "wire_bytes_received_per_worker": self.wire.received_bytes,
             "round_s": time.perf_counter() - started,
+            "worker_busy_s": busy[: len(busy) // 2].tolist(),
+            "worker_clients": [int(c) for c in busy[len(busy) // 2 :]],
         }
         record["samples"] = stats[1]  # the samples the reporting clients trained on
         record["samples_per_s"] = stats[1] / max(record["round_s"], 1e-9)

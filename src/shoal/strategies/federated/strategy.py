@@ -35,6 +35,7 @@ class FederatedStrategy(Strategy):
     workers_field: ClassVar[str | None] = "workers"
     resume_safe: ClassVar[tuple[str, ...]] = (
         "rounds",
+        "balance",  # the clients' sum is exact: any placement gives the same model
         "eval_every_rounds",
         "round_timeout_s",
         "audit_wire",

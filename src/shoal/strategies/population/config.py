@@ -136,6 +136,12 @@ class PopulationStrategyConfig(StrategySection):
         description="Worker processes `shoal train` starts on this machine; members are "
         "dealt round-robin to them (`--workers` overrides it).",
     )
+    balance: Literal["static", "dynamic"] = Field(
+        "static",
+        description="Where members train: static (member m on worker m mod workers) or dynamic "
+        "(after each generation, members are re-placed by the workers' measured step times, "
+        "moving with their whole state; what each member computes does not change).",
+    )
     ready_interval: int = Field(
         100, ge=1, description="Training steps of every member between exploit/explore rounds."
     )

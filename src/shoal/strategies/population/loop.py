@@ -31,6 +31,7 @@ import copy
 import json
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from typing import Any
 
@@ -62,6 +63,7 @@ from shoal.strategies.population.parts import BookPart, Members, PopulationBook
 from shoal.strategies.population.plot import PLOT_FILE, PlotFollower
 from shoal.strategies.population.record import BestMember, best_member
 from shoal.strategies.population.reporting import GenerationReport
+from shoal.strategies.population.schedule import MemberScheduler
 from shoal.strategies.population.space import sample_all
 from shoal.tasks.base import Task
 from shoal.training.batching import steps_per_epoch
@@ -104,6 +106,10 @@ class PopulationLoop:
         self.plot = PlotFollower(ctx.paths.root / PLOT_FILE, self.metric, self.space)
         self._fault_fired = False
         self._sent_mark = 0  # this rank's bytes sent to peers until the last generation
+        self._undo_fault: Callable[[], None] = lambda: None
+        dynamic = config.balance == "dynamic" and ctx.world_size > 1
+        self.scheduler = MemberScheduler(ctx.world_size) if dynamic else None
+        self._members_part: Members | None = None
 
     # ------------------------------------------------------------ setup
     def setup(self, run: Run) -> Plan:
@@ -161,6 +167,7 @@ class PopulationLoop:
         carries its own generators, so a resume on another number of workers draws as an
         uninterrupted run does: the workers' own generators need no reseeding."""
         members = Members(self.ctx, self.peers, self.roles, self.members, self.book, self.run)
+        self._members_part = members  # its placement follows the scheduler's
         return {
             "population": BookPart(self.book, self.record),
             "members": members,
@@ -197,7 +204,8 @@ class PopulationLoop:
 
     # ------------------------------------------------------------ the units
     def start(self) -> None:
-        """Nothing before the first generation: each member trains in its own learner."""
+        """Each member trains in its own learner: only the generations' clock starts."""
+        self._last_generation = time.perf_counter()
 
     def done(self) -> bool:
         return self.book.next_generation >= self.generations
@@ -231,7 +239,10 @@ class PopulationLoop:
         steps = min(self.config.ready_interval, self.total_steps - start)
         local: dict[int, GenerationStats] = {}
         for m, member in self.members.items():
-            stats = member.train(steps, self._before_step)
+            try:
+                stats = member.train(steps, self._before_step)
+            finally:
+                self._undo_fault()  # a slowed rank computes slowly while it trains, only
             if stats.error is None:
                 stats.metrics, stats.eval_s = self._evaluate(member)
             local[m] = stats
@@ -261,19 +272,66 @@ class PopulationLoop:
             self.book.samples += stats.samples
             self.book.failures += stats.error is not None
         sent, self._sent_mark = self.peers.sent_bytes - self._sent_mark, self.peers.sent_bytes
-        self.report.log(generation, everyone, self.members, sent / max(steps, 1))
+        now = time.perf_counter()
+        self.report.log(
+            generation, everyone, self.members, sent / max(steps, 1), now - self._last_generation
+        )
+        self._last_generation = now
         best = generation.members[best_member(generation, self.mode)]
         self.run.logged_train({"loss": best.train_loss}, start + steps)
         if g + 1 < self.generations:
             self._evolve(g, scores, start + steps)
+            if self.scheduler is not None:
+                self._reschedule(g, everyone)
         self.book.next_generation = g + 1
+
+    def _reschedule(self, g: int, everyone: dict[int, GenerationStats]) -> None:
+        """`balance = "dynamic"`: re-place the members by the workers' measured speeds (the
+        same decision on every worker), moving each one that changes worker with its state."""
+        assert self.scheduler is not None
+        self.scheduler.observe(self.roles, everyone)
+        placement = self.scheduler.placement(self.roles)
+        if placement is None:
+            return
+        started = time.perf_counter()
+        roles, rank, ctx = self.roles.placed(placement), self.ctx.rank, self.ctx
+        moves = [m for m in range(self.size) if roles.owner(m) != self.roles.owner(m)]
+        for m in moves:
+            src, dst = self.roles.owner(m), roles.owner(m)
+            what = f"member {m}'s state (moving to rank {dst})"
+            if src == rank:
+                send_tree(self.peers, self.members.pop(m).state_dict(), dst, what)
+            elif dst == rank:
+                state = recv_tree(self.peers, src, what, ctx.device, f"member {m}'s host")
+                taken = [member.model for member in self.members.values()]
+                seed = member_seed(self.train.seed, m)
+                member = Member(ctx, self.task, m, seed, self.total_steps, taken)
+                member.load_state_dict(state)
+                member.set_hyperparameters(self.book.hyper[m])
+                self.members[m] = member
+        self.roles = self.record.roles = self.report.roles = roles
+        if self._members_part is not None:
+            self._members_part.roles = roles
+        self.book.times["communication"] += time.perf_counter() - started
+        speeds = self.scheduler.speeds or []
+        ctx.log.info("generation %d: members moved %s; %s", g, moves, roles.describe())
+        self.run.metrics.write(
+            {
+                "event": "schedule",
+                "generation": g,
+                "step": self.book.history[-1].end,
+                "moved": moves,
+                "members_by_rank": {r: roles.hosted_by(r) for r in roles.workers},
+                "steps_per_s": speeds,
+            }
+        )
 
     def _before_step(self, step: int) -> None:
         if self.ctx.heartbeat is not None:
             self.ctx.heartbeat.beat(step)
         if not self._fault_fired:
             try:
-                maybe_inject_fault(self.ctx, step)
+                self._undo_fault = maybe_inject_fault(self.ctx, step)
             except InjectedFault:
                 self._fault_fired = True  # one member fails, not every member reaching the step
                 raise

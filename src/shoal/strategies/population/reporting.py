@@ -30,10 +30,12 @@ class GenerationReport:
         everyone: dict[int, GenerationStats],
         members: dict[int, Member],
         sent_bytes_per_step: float = 0.0,
+        seconds: float = 0.0,
     ) -> None:
         """A `member` line per member (the lineage), a `member_failed` line per failure, and
         a `generation` summary, which the progress display shows. `members`: this worker's;
-        `sent_bytes_per_step`: what this rank sent to peers (states, exploit copies)."""
+        `sent_bytes_per_step`: what this rank sent to peers (states, exploit copies);
+        `seconds`: wall time since the previous generation's summary (or the first start)."""
         g, step = generation.index, generation.end
         for m, record in enumerate(generation.members):
             self.run.metrics.write(
@@ -91,6 +93,7 @@ class GenerationReport:
             "loss": float(np.mean(loss)) if loss else math.nan,
             "samples_per_s": samples / busy if busy else 0.0,
             "sent_bytes_per_step": sent_bytes_per_step,
+            "generation_s": seconds,
             "lr": generation.members[best].hyperparameters.get("lr", self.default_lr),
         }
         self.run.metrics.write(summary)

@@ -31,7 +31,8 @@ class PopulationStrategy(Strategy):
 
     in_process: ClassVar[bool] = True
     workers_field: ClassVar[str | None] = "workers"
-    resume_safe: ClassVar[tuple[str, ...]] = ("generations", "checkpoint_every")
+    #: a member moves with its whole state: placement changes nothing it computes
+    resume_safe: ClassVar[tuple[str, ...]] = ("generations", "checkpoint_every", "balance")
     resume_incompatible: ClassVar[tuple[str, ...]] = ("population_size",)
 
     @classmethod
