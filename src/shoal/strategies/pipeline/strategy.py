@@ -26,7 +26,11 @@ from shoal.errors import ShoalError
 from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
-from shoal.strategies.pipeline.config import PipelineStrategyConfig, check_partitions
+from shoal.strategies.pipeline.config import (
+    PipelineFields,
+    PipelineStrategyConfig,
+    check_partitions,
+)
 from shoal.strategies.pipeline.learner import PipelineRecord, PipelineSync, StageLearner
 from shoal.strategies.pipeline.partition import (
     Partition,
@@ -76,9 +80,9 @@ class PipelineStrategy(Strategy):
     costs: BlockCosts | None = None
 
     @property
-    def config(self) -> PipelineStrategyConfig:
+    def config(self) -> PipelineFields:
         config = self.ctx.config.strategy
-        assert isinstance(config, PipelineStrategyConfig)
+        assert isinstance(config, PipelineFields)
         return config
 
     @classmethod
@@ -117,11 +121,19 @@ class PipelineStrategy(Strategy):
             )
         self._check_batches()
         self.partition = self._partition(model, len(blocks))
-        self.place = build_stages(model, self.partition, None, ctx.rank, ctx.world_size, ctx.device)
+        self.place = self._place(model)
+        self.sync = self._sync(model)
+        return self.sync
+
+    def _place(self, model: nn.Module) -> PipelinePlace:
+        """This rank's stages: one pipeline over the world, sharing the full model's modules."""
+        ctx = self.ctx
+        return build_stages(model, self.partition, None, ctx.rank, ctx.world_size, ctx.device)
+
+    def _sync(self, model: nn.Module) -> PipelineSync:
         named = {id(p): n for n, p in model.named_parameters()}
         local = [(named[id(p)], p) for m in self.place.modules for p in m.parameters()]
-        self.sync = PipelineSync(ctx, local, self.place)
-        return self.sync
+        return PipelineSync(self.ctx, local, self.place)
 
     def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         config = self.config
