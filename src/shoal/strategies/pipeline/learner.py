@@ -103,6 +103,10 @@ class PipelineSync(GradientSync):
     def describe_rank(self, rank: int) -> str:
         return describe_stage_rank(rank, self.ranks, self.local)
 
+    def stages_of(self, rank: int) -> list[int]:
+        """The stages `rank` holds (the pipeline is the world)."""
+        return stage_indices(rank, self.ranks, self.local)
+
     def interval_metrics(self) -> dict[str, float]:
         """Collective: the interval's bubble (mean over ranks) beside the schedule's theory,
         and each rank's compute and idle seconds per step and peak memory."""
@@ -153,7 +157,7 @@ class PipelineSync(GradientSync):
             "ranks": [
                 {
                     "rank": rank,
-                    "stages": stage_indices(rank, self.ranks, self.local),
+                    "stages": self.stages_of(rank),
                     "compute_s": f["compute_s"],
                     "idle_s": f["step_s"] - f["compute_s"],
                     "bubble": _bubble(f),

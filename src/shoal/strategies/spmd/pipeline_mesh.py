@@ -77,6 +77,10 @@ class MeshPipelineSync(PipelineSync):
     def describe_rank(self, rank: int) -> str:
         return describe_mesh_rank(self.roles, rank)
 
+    def stages_of(self, rank: int) -> list[int]:
+        """The stage at `rank`'s pipeline coordinate."""
+        return [self.roles.coordinates(rank)["pipeline"]]
+
 
 class MeshStageLearner(StageLearner):
     """A stage of a mesh: its parameters and optimizer state saved through DCP, by the
