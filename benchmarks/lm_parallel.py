@@ -341,8 +341,11 @@ def clip(params: list[torch.Tensor], max_norm: float, pipeline: Any) -> None:
         torch.nn.utils.clip_grad_norm_(params, max_norm)
         return
     square = torch.zeros(())
-    if sharded:
-        norm = torch.nn.utils.get_total_norm(sharded)
+    meshes: dict[int, list[torch.Tensor]] = {}
+    for grad in sharded:  # torch stacks per-parameter norms of one mesh only
+        meshes.setdefault(id(grad.device_mesh), []).append(grad)  # type: ignore[attr-defined]
+    for group in meshes.values():
+        norm = torch.nn.utils.get_total_norm(group)
         square += (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
     if plain:
         square += torch.nn.utils.get_total_norm(plain) ** 2
