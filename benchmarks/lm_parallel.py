@@ -244,9 +244,9 @@ def plain_spmd_worker(
     from shoal.tasks.lm.model import build_lm
     from shoal.tasks.lm.parallel import tensor_parallel_plan
 
-    torch.set_num_threads(1)
     dims: dict[str, int] = layout["dims"]
-    if world > 1:
+    if world > 1:  # one process alone keeps torch's threads, as shoal's local does
+        torch.set_num_threads(1)
         dist.init_process_group(
             "gloo",
             store=dist.FileStore(store, world),
