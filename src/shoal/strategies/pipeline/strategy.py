@@ -71,6 +71,9 @@ class PipelineStrategy(Strategy):
     #: their checkpoints hold the whole model and one optimizer state, as this one's do
     resumes_from: ClassVar[tuple[str, ...]] = ("local", "data_parallel")
 
+    #: this rank's learner (a hybrid mesh's stages save through DCP)
+    learner_class: ClassVar[type[StageLearner]] = StageLearner
+
     task: Task
     place: PipelinePlace
     sync: PipelineSync
@@ -141,7 +144,7 @@ class PipelineStrategy(Strategy):
         def schedule(loss_fn: Any) -> Any:
             return build_schedule(config.schedule, self.place, config.microbatches, loss_fn)
 
-        self.learner = StageLearner(
+        self.learner = self.learner_class(
             self.task,
             model,
             self.place,
@@ -150,8 +153,13 @@ class PipelineStrategy(Strategy):
             total_steps,
             schedule,
             config.microbatches,
+            **self._learner_options(),
         )
         return self.learner
+
+    def _learner_options(self) -> dict[str, Any]:
+        """More keyword arguments of `learner_class` (a mesh's data share and groups)."""
+        return {}
 
     def _check_batches(self) -> None:
         """Every step's batch must cut into equal micro-batches (the stages' message shapes

@@ -38,12 +38,11 @@ from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.pipeline.learner import PipelineSync, StageLearner
-from shoal.strategies.pipeline.stages import PipelinePlace, build_schedule, build_stages
+from shoal.strategies.pipeline.stages import PipelinePlace, build_stages
 from shoal.strategies.pipeline.strategy import PipelineStrategy
 from shoal.strategies.spmd.config import HybridStrategyConfig
 from shoal.strategies.spmd.layout import build_mesh, lay_out
 from shoal.strategies.spmd.sync import SpmdGradientSync
-from shoal.training.contracts import GradientSync
 from shoal.training.learner import Learner
 from shoal.training.state import TrainProgress
 
@@ -111,6 +110,8 @@ class MeshPipelineStrategy(PipelineStrategy):
     """The pipeline strategy along the mesh's pipeline dimension (see the module docstring).
     `HybridStrategy` hands a mesh with a pipeline dimension to it."""
 
+    learner_class = MeshStageLearner
+
     @property
     def config(self) -> HybridStrategyConfig:
         config = self.ctx.config.strategy
@@ -151,26 +152,13 @@ class MeshPipelineStrategy(PipelineStrategy):
         named = list(stage.named_parameters())
         return MeshPipelineSync(self.ctx, named, self.place, grads, self.roles)
 
-    def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
-        config, coords = self.config, self.coords
-
-        def schedule(loss_fn: Any) -> Any:
-            return build_schedule(config.schedule, self.place, config.microbatches, loss_fn)
-
-        self.learner = MeshStageLearner(
-            self.task,
-            model,
-            self.place,
-            self.sync,
-            self.ctx.config.train,
-            total_steps,
-            schedule,
-            config.microbatches,
-            share=(coords.get("data", 0), self.inner.get("data", 1)),
-            group=self.mesh["pipeline"].get_group(),
-            gives=coords.get("data", 0) == 0 and coords.get("tensor", 0) == 0,
-        )
-        return self.learner
+    def _learner_options(self) -> dict[str, Any]:
+        coords = self.coords
+        return {
+            "share": (coords.get("data", 0), self.inner.get("data", 1)),
+            "group": self.mesh["pipeline"].get_group(),
+            "gives": coords.get("data", 0) == 0 and coords.get("tensor", 0) == 0,
+        }
 
     def _section(self, progress: TrainProgress) -> dict[str, Any]:
         section = super()._section(progress)
