@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint.atomic import atomic_write_json
-from shoal.errors import EXIT_FAILURE, ShoalError
+from shoal.errors import EXIT_FAILURE, PeerFailed, ShoalError
 
 #: less free space than this on the run's disk: a failed write is blamed on a full disk
 FULL_BYTES = 1 << 20
@@ -39,6 +39,8 @@ def is_communication_error(exc: BaseException) -> bool:
 
 
 def _is_communication_error(exc: BaseException) -> bool:
+    if isinstance(exc, PeerFailed):
+        return True
     try:
         import torch.distributed as dist
 
