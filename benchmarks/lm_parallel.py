@@ -10,8 +10,17 @@ over their step time (the first --warmup steps are not timed); per-rank peak mem
 the process's peak resident set (shoal's results.json `pipeline.ranks[*].peak_mb`; the
 plain script's getrusage); the bubble is shoal's measured fraction beside the theory.
 
-    .venv/bin/python benchmarks/lm_parallel.py [--steps 30] [--dim 128] [--layers 4]
-        [--context 64] [--batch 16]
+`--rows spmd` compares the SPMD layouts the same way: local, data_parallel 2,
+tensor_parallel 2, fully_sharded 2, hybrid data 2 x tensor 2, and the pipeline meshes
+data 2 x pipeline 2 and pipeline 2 x tensor 2, each beside a plain script that lays the
+same model out with the same torch APIs (DDP, `parallelize_module` with the Megatron
+plan, `fully_shard` per block, DeviceMesh, pipelining stages on the mesh's pipeline
+group). Besides tokens/s it reports each rank's bytes of parameters + gradients +
+optimizer state (its local shards; shoal's results.json `memory` or `pipeline`
+sections; local and data_parallel hold the whole model: 16 bytes a parameter with AdamW).
+
+    .venv/bin/python benchmarks/lm_parallel.py [--rows pipeline|spmd] [--steps 30]
+        [--dim 128] [--layers 4] [--context 64] [--batch 16]
 """
 
 from __future__ import annotations
@@ -41,6 +50,21 @@ INTERVAL = 5
 def shoal_row(args: argparse.Namespace, schedule: str, m: int, scratch: str) -> dict[str, Any]:
     strategy: dict[str, Any] = {"type": "pipeline", "stages": 2, "microbatches": m}
     strategy["schedule"] = schedule
+    result, train = shoal_run(args, strategy, f"{schedule}-{m}", scratch)
+    tokens = sum(r["samples"] for r in train) * args.context
+    section = result["pipeline"]
+    return {
+        "tokens_s": tokens / sum(r["step_s"] for r in train),
+        "peak_mb": [r["peak_mb"] for r in section["ranks"]],
+        "bubble": section["bubble"]["measured"],
+        "theory": section["bubble"]["theory"],
+    }
+
+
+def shoal_run(
+    args: argparse.Namespace, strategy: dict[str, Any], name: str, scratch: str
+) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """shoal's run of the tinyshakespeare lm under `strategy`; its timed metric records."""
     config = {
         "task": {
             "type": "lm",
@@ -59,19 +83,12 @@ def shoal_row(args: argparse.Namespace, schedule: str, m: int, scratch: str) -> 
         },
         "checkpoint": {"every_epochs": 0, "at_end": False, "keep_best": False},
         "monitor": {"progress": "off", "log_every_steps": INTERVAL},
-        "run": {"dir": scratch, "name": f"{schedule}-{m}"},
+        "run": {"dir": scratch, "name": name},
     }
     result = shoal.train(config)
     lines = (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()
     train = [r for r in map(json.loads, lines) if r["event"] == "train"][args.warmup // INTERVAL :]
-    tokens = sum(r["samples"] for r in train) * args.context
-    section = result["pipeline"]
-    return {
-        "tokens_s": tokens / sum(r["step_s"] for r in train),
-        "peak_mb": [r["peak_mb"] for r in section["ranks"]],
-        "bubble": section["bubble"]["measured"],
-        "theory": section["bubble"]["theory"],
-    }
+    return result, train
 
 
 def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, store: str) -> None:
@@ -159,8 +176,234 @@ def plain_row(args: argparse.Namespace, schedule: str, m: int, scratch: str) -> 
     return json.loads(Path(store + ".json").read_text())
 
 
+#: the SPMD rows: (name, shoal's [strategy], the plain script's layout)
+SPMD_ROWS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("local", {"type": "local"}, {"dims": {}}),
+    (
+        "data_parallel 2",
+        {"type": "data_parallel", "num_replicas": 2},
+        {"dims": {"data": 2}, "ddp": True},
+    ),
+    ("tensor_parallel 2", {"type": "tensor_parallel", "degree": 2}, {"dims": {"tensor": 2}}),
+    ("fully_sharded 2", {"type": "fully_sharded", "degree": 2}, {"dims": {"data": 2}}),
+    (
+        "hybrid data 2 x tensor 2",
+        {"type": "hybrid", "mesh": {"data": 2, "tensor": 2}},
+        {"dims": {"data": 2, "tensor": 2}},
+    ),
+    (
+        "hybrid data 2 x pipeline 2",
+        {"type": "hybrid", "mesh": {"data": 2, "pipeline": 2}, "microbatches": 4},
+        {"dims": {"data": 2, "pipeline": 2}},
+    ),
+    (
+        "hybrid pipeline 2 x tensor 2",
+        {"type": "hybrid", "mesh": {"pipeline": 2, "tensor": 2}, "microbatches": 4},
+        {"dims": {"pipeline": 2, "tensor": 2}},
+    ),
+]
+
+
+def state_bytes_of(result: dict[str, Any], params: int) -> list[float]:
+    """Each rank's parameters + gradients + optimizer state, MiB, as shoal reports it."""
+    if "memory" in result:
+        return [r["state_bytes"] / 2**20 for r in result["memory"]["per_rank"]]
+    if "pipeline" in result:
+        return [r["parameters_gradients_optimizer_mb"] for r in result["pipeline"]["ranks"]]
+    return [16 * params / 2**20] * result["world_size"]  # fp32 parameter, gradient, AdamW's 2
+
+
+def spmd_shoal_row(args: argparse.Namespace, strategy: dict[str, Any], scratch: str) -> Any:
+    name = strategy["type"] + "-" + "x".join(map(str, strategy.get("mesh", {}).values()))
+    result, train = shoal_run(args, strategy, name, scratch)
+    steps = len(train) * INTERVAL
+    tokens_s = steps * args.batch * args.context / sum(r["step_s"] for r in train)
+    from shoal.tasks.lm.config import LMModelConfig
+    from shoal.tasks.lm.model import build_lm
+
+    config = LMModelConfig(dim=args.dim, heads=4, layers=args.layers, context=args.context)
+    params = sum(p.numel() for p in build_lm(config, 65).parameters())
+    return {"tokens_s": tokens_s, "state_mb": state_bytes_of(result, params)}
+
+
+def plain_spmd_worker(
+    rank: int, args: argparse.Namespace, layout: dict[str, Any], world: int, store: str
+) -> None:
+    """One layout written directly against torch: DDP, or a DeviceMesh with the Megatron
+    plan over `tensor`, `fully_shard` per block over `data`, pipelining stages over
+    `pipeline`; AdamW, clipping by the global norm; random windows of the same shape."""
+    import copy
+
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    from torch.distributed.tensor.parallel import parallelize_module
+    from torch.nn.parallel import DistributedDataParallel
+
+    from shoal.tasks.lm.config import LMModelConfig
+    from shoal.tasks.lm.model import build_lm
+    from shoal.tasks.lm.parallel import tensor_parallel_plan
+
+    dims: dict[str, int] = layout["dims"]
+    if world > 1:  # one process alone keeps torch's threads, as shoal's local does
+        torch.set_num_threads(1)
+        dist.init_process_group(
+            "gloo",
+            store=dist.FileStore(store, world),
+            rank=rank,
+            world_size=world,
+            timeout=datetime.timedelta(seconds=300),
+        )
+    vocab, batch, m = 65, args.batch, 4
+    config = LMModelConfig(dim=args.dim, heads=4, layers=args.layers, context=args.context)
+    torch.manual_seed(1)
+    model: Any = build_lm(config, vocab)
+    mesh = (
+        init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims)) if dims else None
+    )
+    coords = {n: int(mesh.get_local_rank(n)) for n in dims} if mesh is not None else {}
+    pipe = dims.get("pipeline", 1)
+    if pipe > 1:
+        per = args.layers // pipe
+        first = coords["pipeline"] * per
+        model = copy.deepcopy(model.stage(first, first + per - 1))
+    if "tensor" in dims and mesh is not None:
+        parallelize_module(model, mesh["tensor"], tensor_parallel_plan(model))
+    if layout.get("ddp"):
+        model = DistributedDataParallel(model)
+    elif "data" in dims and mesh is not None:
+        for block in model.blocks.children():
+            fully_shard(block, mesh=mesh["data"])
+        fully_shard(model, mesh=mesh["data"])
+    params = list(model.parameters())
+    optimizer = torch.optim.AdamW(params, lr=1e-3)
+    share = batch // dims.get("data", 1)
+
+    def loss_fn(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        flat = logits.reshape(-1, vocab).float()
+        return F.cross_entropy(flat, targets.reshape(-1), reduction="sum") / (args.context * share)
+
+    schedule = None
+    if pipe > 1 and mesh is not None:
+        stage = PipelineStage(
+            model, coords["pipeline"], pipe, torch.device("cpu"), group=mesh["pipeline"].get_group()
+        )
+        schedule = Schedule1F1B(stage, m, loss_fn=loss_fn, scale_grads=False)
+    generator = torch.Generator().manual_seed(2 + coords.get("data", 0))
+    times = []
+    for step in range(args.steps):
+        tokens = torch.randint(0, vocab, (share, args.context + 1), generator=generator)
+        started = time.perf_counter()
+        for p in params:
+            p.grad = None
+        if schedule is None:
+            loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
+        elif coords["pipeline"] == 0:
+            schedule.step(tokens[:, :-1], return_outputs=False)
+        else:
+            schedule.step(target=tokens[:, 1:], return_outputs=False)
+        clip(params, 1.0, mesh["pipeline"].get_group() if pipe > 1 and mesh else None)
+        optimizer.step()
+        if step >= args.warmup:
+            times.append(time.perf_counter() - started)
+    state = sum(_local(p).numel() * 4 for p in params) * 2 + sum(
+        _local(v).numel() * v.element_size()
+        for s in optimizer.state.values()
+        for v in s.values()
+        if isinstance(v, torch.Tensor) and v.dim() > 0
+    )
+    figures = torch.tensor([sum(times), state / 2**20], dtype=torch.float64)
+    gathered = [figures]
+    if world > 1:
+        gathered = [torch.zeros_like(figures) for _ in range(world)]
+        dist.all_gather(gathered, figures)
+    if rank == 0:
+        step_s = max(float(g[0]) for g in gathered)
+        out = {
+            "tokens_s": len(times) * batch * args.context / step_s,
+            "state_mb": [float(g[1]) for g in gathered],
+        }
+        Path(store + ".json").write_text(json.dumps(out))
+    if world > 1:
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def clip(params: list[torch.Tensor], max_norm: float, pipeline: Any) -> None:
+    """torch's total norm of the DTensor gradients (one DTensor norm, made whole) and of the
+    plain ones (replicated: the same on every rank), summed over the pipeline's stages."""
+    from torch.distributed.tensor import DTensor
+
+    grads = [p.grad for p in params if p.grad is not None]
+    sharded = [g for g in grads if isinstance(g, DTensor)]
+    plain = [g for g in grads if not isinstance(g, DTensor)]
+    if not sharded and pipeline is None:
+        torch.nn.utils.clip_grad_norm_(params, max_norm)
+        return
+    square = torch.zeros(())
+    meshes: dict[int, list[torch.Tensor]] = {}
+    for grad in sharded:  # torch stacks per-parameter norms of one mesh only
+        meshes.setdefault(id(grad.device_mesh), []).append(grad)  # type: ignore[attr-defined]
+    for group in meshes.values():
+        norm = torch.nn.utils.get_total_norm(group)
+        square += (norm.full_tensor() if isinstance(norm, DTensor) else norm) ** 2
+    if plain:
+        square += torch.nn.utils.get_total_norm(plain) ** 2
+    if pipeline is not None:
+        dist.all_reduce(square, group=pipeline)
+    coef = torch.clamp(max_norm / (square.sqrt() + 1e-6), max=1.0)
+    with torch.no_grad():
+        for grad in grads:
+            _local(grad).mul_(coef)
+
+
+def _local(tensor: torch.Tensor) -> torch.Tensor:
+    from torch.distributed.tensor import DTensor
+
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def plain_spmd_row(
+    args: argparse.Namespace, name: str, layout: dict[str, Any], scratch: str
+) -> Any:
+    world = 1
+    for size in layout["dims"].values():
+        world *= size
+    store = os.path.join(scratch, "store-" + name.replace(" ", "-"))
+    mp.start_processes(
+        plain_spmd_worker, args=(args, layout, world, store), nprocs=world, start_method="spawn"
+    )
+    return json.loads(Path(store + ".json").read_text())
+
+
+def spmd_rows(args: argparse.Namespace) -> None:
+    print(
+        "| strategy | shoal tokens/s | plain tokens/s | ratio | shoal params+grads+optimizer "
+        "MiB per rank | plain MiB per rank | shoal / local |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    local_mb = None
+    with tempfile.TemporaryDirectory() as scratch:
+        for name, strategy, layout in SPMD_ROWS:
+            if args.only and args.only not in name and name != "local":
+                continue
+            mine = spmd_shoal_row(args, strategy, scratch)
+            plain = plain_spmd_row(args, name, layout, scratch)
+            local_mb = local_mb or mine["state_mb"][0]
+            ratio = mine["tokens_s"] / plain["tokens_s"]
+            print(
+                f"| {name} | {mine['tokens_s']:.0f} | {plain['tokens_s']:.0f} | {ratio:.2f} | "
+                f"{', '.join(f'{x:.2f}' for x in mine['state_mb'])} | "
+                f"{', '.join(f'{x:.2f}' for x in plain['state_mb'])} | "
+                f"{max(mine['state_mb']) / local_mb:.2f} |",
+                flush=True,
+            )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rows", choices=("pipeline", "spmd"), default="pipeline")
+    parser.add_argument("--only", default="", help="spmd rows whose name contains this")
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--dim", type=int, default=128)
@@ -168,6 +411,9 @@ def main() -> None:
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
     args = parser.parse_args()
+    if args.rows == "spmd":
+        spmd_rows(args)
+        return
     print(
         "| schedule | micro-batches | shoal tokens/s | plain tokens/s | ratio | shoal peak MiB "
         "(rank 0, 1) | plain peak MiB (rank 0, 1) | bubble measured | bubble theory |"

@@ -148,8 +148,14 @@ def by_index(
     state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
 ) -> dict[str, Any]:
     """A name-keyed optimizer state dict (DCP's) keyed by torch's indices for `optimizer`."""
-    index = {name: i for i, name in enumerate(param_names(model, optimizer))}
+    names = param_names(model, optimizer)
+    index = {name: i for i, name in enumerate(names)}
     groups = state["param_groups"]
+    if len(groups) == 1 and len(optimizer.param_groups) == 1:
+        # one group holds every parameter. The ranks of a pipeline each save their own
+        # stage's group under the same key, of which DCP keeps one copy: its names are
+        # not all of them
+        groups = [{**groups[0], "params": names}]
     return {
         "state": {index[name]: value for name, value in state["state"].items()},
         "param_groups": [

@@ -25,7 +25,20 @@ _COMM_HINTS = ("gloo", "nccl", "connection closed", "connection reset", "timed o
 
 
 def is_communication_error(exc: BaseException) -> bool:
-    """A failure caused by a peer (it died, or a collective timed out), not by this rank."""
+    """A failure caused by a peer (it died, or a collective timed out), not by this rank,
+    also when wrapped: torch's pipeline stages re-raise a lost peer's error as their own
+    ("[Stage 0] failed to run forward"), with the peer's as its cause."""
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        if _is_communication_error(current):
+            return True
+        seen.add(id(current))
+        current = current.__cause__ or current.__context__
+    return False
+
+
+def _is_communication_error(exc: BaseException) -> bool:
     if isinstance(exc, PeerFailed):
         return True
     try:

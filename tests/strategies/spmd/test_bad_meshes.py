@@ -31,12 +31,29 @@ LM = (
         ),
         (
             'type = "hybrid"\nmesh = { data = 2, expert = 2 }\n',
-            "bad.toml:17: strategy.mesh.expert: unknown mesh dimension; choose from data, tensor",
+            "bad.toml:17: strategy.mesh.expert: unknown mesh dimension; choose from data, "
+            "pipeline, tensor",
         ),
         (
-            'type = "hybrid"\nmesh = { data = 2, pipeline = 2 }\n',
-            "bad.toml:17: strategy.mesh.pipeline: a pipeline dimension is not built by this "
-            "version of hybrid; use data and tensor, or the pipeline strategy",
+            'type = "hybrid"\nmesh = { data = 2, pipeline = 3 }\n',
+            "bad.toml:17: strategy.mesh.pipeline: 3 stages need at least as many blocks; the "
+            "model has 2 (task.model.layers): use fewer stages or more layers",
+        ),
+        (
+            'type = "hybrid"\nmesh = { pipeline = 1, tensor = 2 }\n',
+            "bad.toml:17: strategy.mesh.pipeline: a pipeline dimension has at least 2 stages; "
+            "leave it out for none",
+        ),
+        (
+            'type = "hybrid"\nmesh = { data = 2, pipeline = 2 }\nmicrobatches = 8\n',
+            "bad.toml:18: strategy.microbatches: 8 micro-batches x 2 data replicas do not divide "
+            "train.batch_size (8): choose a divisor of it",
+        ),
+        (
+            'type = "hybrid"\nmesh = { pipeline = 2, tensor = 2 }\nsequence_parallel = true\n',
+            "bad.toml:18: strategy.sequence_parallel: sequence parallelism is not built with a "
+            "pipeline dimension (the stages exchange whole sequences); set "
+            "sequence_parallel = false",
         ),
         (
             'type = "hybrid"\nmesh = { data = 0 }\n',
@@ -47,7 +64,17 @@ LM = (
             "bad.toml:17: strategy.sequence_parallel: needs a tensor dimension larger than 1",
         ),
     ],
-    ids=["heads", "mesh-heads", "unknown-dim", "pipeline-dim", "zero", "sp-without-tensor"],
+    ids=[
+        "heads",
+        "mesh-heads",
+        "unknown-dim",
+        "more-stages-than-blocks",
+        "pipeline-of-one",
+        "microbatches-per-replica",
+        "sp-with-pipeline",
+        "zero",
+        "sp-without-tensor",
+    ],
 )
 def test_bad_mesh_gives_one_line(
     tmp_path: Path,
@@ -74,3 +101,12 @@ def test_a_mesh_that_is_not_the_world_is_refused_naming_both() -> None:
     with pytest.raises(ShoalError, match=r"strategy hybrid: the roles need 4 processes"):
         roles.validate(6, "strategy hybrid")
     assert "mesh data 2 x tensor 2" in roles.describe()
+
+
+def test_a_pipeline_mesh_that_is_not_the_world_is_refused() -> None:
+    """A data x pipeline x tensor mesh: coordinates row-major, pipeline in the middle; a
+    world of another size is refused naming both."""
+    roles = RankRoles.mesh(8, {"data": 2, "pipeline": 2, "tensor": 2})
+    assert roles.coordinates(6) == {"data": 1, "pipeline": 1, "tensor": 0}
+    with pytest.raises(ShoalError, match=r"the roles need 8 processes .* this job has 4"):
+        roles.validate(4, "strategy hybrid")

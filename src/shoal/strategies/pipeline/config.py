@@ -16,17 +16,11 @@ from shoal.config.base import FieldError, StrategySection
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
 
-class PipelineStrategyConfig(StrategySection):
-    """The model's blocks cut into contiguous stages, one rank each; micro-batches flow
-    through them under a GPipe, 1F1B or interleaved 1F1B schedule (torch.distributed.pipelining)."""
+class PipelineFields(StrategySection):
+    """What a pipeline dimension takes: the pipeline strategy's, and a hybrid mesh's with a
+    `pipeline` dimension. Each says how many ranks the pipeline has (`pipeline_ranks`)
+    and where that is set (`stages_field`)."""
 
-    type: Literal["pipeline"] = "pipeline"
-    stages: int = Field(
-        2,
-        ge=2,
-        description="Pipeline ranks (worker processes `shoal train` starts; `--workers` sets "
-        "it). With schedule = interleaved_1f1b each rank holds `virtual_stages` stages.",
-    )
     partitions: list[list[int]] | None = Field(
         None,
         description="The blocks of each stage, [first, last] inclusive, in stage order, e.g. "
@@ -62,7 +56,7 @@ class PipelineStrategyConfig(StrategySection):
     )
 
     @model_validator(mode="after")
-    def _virtual(self) -> PipelineStrategyConfig:
+    def _virtual(self) -> PipelineFields:
         if self.schedule == "interleaved_1f1b":
             if self.virtual_stages is None:
                 self.virtual_stages = 2
@@ -86,24 +80,35 @@ class PipelineStrategyConfig(StrategySection):
         return self.virtual_stages or 1
 
     @property
-    def total_stages(self) -> int:
-        return self.stages * self.local_stages
+    def pipeline_ranks(self) -> int:
+        """Ranks along the pipeline (its stages, without virtual ones)."""
+        raise NotImplementedError  # pragma: no cover - each subclass says
 
-    def check(self, config: Any) -> None:
-        """The loop's length; blocks enough for the stages; a partition that covers them;
-        micro-batches that divide the batch."""
-        super().check(config)
+    @property
+    def stages_field(self) -> tuple[str, ...]:
+        """The field that sets `pipeline_ranks` (for error messages)."""
+        raise NotImplementedError  # pragma: no cover - each subclass says
+
+    @property
+    def total_stages(self) -> int:
+        return self.pipeline_ranks * self.local_stages
+
+    def check_pipeline(self, config: Any, data: int = 1) -> None:
+        """Blocks enough for the stages; a partition that covers them; micro-batches that
+        divide each of the `data` replicas' share of the batch."""
         train = config.train
         blocks = model_blocks(config)
         total = self.total_stages
         counted = (
             f"{total} stages"
             if self.local_stages == 1
-            else (f"{total} stages ({self.stages} ranks x {self.local_stages} virtual stages)")
+            else (
+                f"{total} stages ({self.pipeline_ranks} ranks x {self.local_stages} virtual stages)"
+            )
         )
         if blocks is not None and total > blocks:
             raise FieldError(
-                ("strategy", "stages"),
+                self.stages_field,
                 f"{counted} need at least as many blocks; the model has {blocks} "
                 "(task.model.layers): use fewer stages or more layers",
             )
@@ -115,20 +120,22 @@ class PipelineStrategyConfig(StrategySection):
                 "strategy pipeline cuts each batch into strategy.microbatches itself; set "
                 "train.micro_batches = 1",
             )
-        if train.batch_size % self.microbatches:
+        if train.batch_size % (self.microbatches * data):
+            share = "" if data == 1 else f" x {data} data replicas"
             raise FieldError(
                 ("strategy", "microbatches"),
-                f"{self.microbatches} micro-batches do not divide train.batch_size "
+                f"{self.microbatches} micro-batches{share} do not divide train.batch_size "
                 f"({train.batch_size}): choose a divisor of it",
             )
         if self.schedule == "interleaved_1f1b":
-            rounds = max(1, self.microbatches // self.stages)
+            ranks = self.pipeline_ranks
+            rounds = max(1, self.microbatches // ranks)
             if self.microbatches % rounds:
                 raise FieldError(
                     ("strategy", "microbatches"),
-                    f"interleaved_1f1b runs micro-batches in rounds of {self.stages} (the "
+                    f"interleaved_1f1b runs micro-batches in rounds of {ranks} (the "
                     f"ranks): {self.microbatches} is not a multiple of {rounds} rounds; use a "
-                    f"multiple of {self.stages}",
+                    f"multiple of {ranks}",
                 )
         task_model = getattr(config.task, "model", None)
         if getattr(task_model, "tie_embeddings", False):
@@ -137,6 +144,32 @@ class PipelineStrategyConfig(StrategySection):
                 "strategy pipeline puts the embedding on the first stage and the head on the "
                 "last, which tying would share; set tie_embeddings = false",
             )
+
+
+class PipelineStrategyConfig(PipelineFields):
+    """The model's blocks cut into contiguous stages, one rank each; micro-batches flow
+    through them under a GPipe, 1F1B or interleaved 1F1B schedule (torch.distributed.pipelining)."""
+
+    type: Literal["pipeline"] = "pipeline"
+    stages: int = Field(
+        2,
+        ge=2,
+        description="Pipeline ranks (worker processes `shoal train` starts; `--workers` sets "
+        "it). With schedule = interleaved_1f1b each rank holds `virtual_stages` stages.",
+    )
+
+    @property
+    def pipeline_ranks(self) -> int:
+        return self.stages
+
+    @property
+    def stages_field(self) -> tuple[str, ...]:
+        return ("strategy", "stages")
+
+    def check(self, config: Any) -> None:
+        """The loop's length, then the pipeline's rules."""
+        super().check(config)
+        self.check_pipeline(config)
 
 
 def model_blocks(config: Any) -> int | None:

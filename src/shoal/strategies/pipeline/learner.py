@@ -33,7 +33,9 @@ import time
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
+from torch.distributed.tensor import DTensor
 
 from shoal.checkpoint.parts import Custom, StatePart
 from shoal.config.train import TrainConfig
@@ -49,6 +51,7 @@ from shoal.strategies.pipeline.stages import (
     stage_indices,
 )
 from shoal.tasks.base import LossOutput, Task
+from shoal.training.clipping import global_norm
 from shoal.training.contracts import GradientSync, unscale_local_grads
 from shoal.training.learner import Learner
 from shoal.training.meter import StepStats
@@ -83,10 +86,16 @@ class PipelineSync(GradientSync):
         self._step_started = (self.clock.compute_s, self.clock.step_s)
 
     def finish(self) -> float:
-        self._nonfinite = unscale_local_grads(self.named, self.loss_scale)
+        self._nonfinite = self.combine()
         compute = self.clock.compute_s - self._step_started[0]
         wall = self.clock.step_s - self._step_started[1]
         return max(wall - compute, 0.0)
+
+    def combine(self) -> list[str]:
+        """Undo the loss scale; the names of non-finite gradients here. Nothing to combine
+        across ranks: each parameter lives on one (a hybrid mesh's stage reduces its data
+        dimension here)."""
+        return unscale_local_grads(self.named, self.loss_scale)
 
     def nonfinite(self) -> dict[int, list[str]]:
         """Collective (it also carries the stop agreement)."""
@@ -94,6 +103,10 @@ class PipelineSync(GradientSync):
 
     def describe_rank(self, rank: int) -> str:
         return describe_stage_rank(rank, self.ranks, self.local)
+
+    def stages_of(self, rank: int) -> list[int]:
+        """The stages `rank` holds (the pipeline is the world)."""
+        return stage_indices(rank, self.ranks, self.local)
 
     def interval_metrics(self) -> dict[str, float]:
         """Collective: the interval's bubble (mean over ranks) beside the schedule's theory,
@@ -145,7 +158,7 @@ class PipelineSync(GradientSync):
             "ranks": [
                 {
                     "rank": rank,
-                    "stages": stage_indices(rank, self.ranks, self.local),
+                    "stages": self.stages_of(rank),
                     "compute_s": f["compute_s"],
                     "idle_s": f["step_s"] - f["compute_s"],
                     "bubble": _bubble(f),
@@ -180,10 +193,14 @@ class StageLearner(Learner):
         make_schedule: Any,
         microbatches: int,
         norm_every: int = 0,
+        share: tuple[int, int] = (0, 1),
+        group: dist.ProcessGroup | None = None,
     ) -> None:
-        modules = nn.ModuleList(place.modules)
-        super().__init__(task, modules, sync, train, total_steps, norm_every=norm_every)
+        # one stage: the stage itself, whose names are the full model's (DCP saves by name)
+        model = place.modules[0] if len(place.modules) == 1 else nn.ModuleList(place.modules)
+        super().__init__(task, model, sync, train, total_steps, share=share, norm_every=norm_every)
         self.full, self.place, self.psync = full, place, sync
+        self.group = group  # the pipeline's ranks (None: the world)
         self.microbatches = microbatches
         self.ctx = sync.ctx
         self.schedule = make_schedule(self._loss)
@@ -192,7 +209,7 @@ class StageLearner(Learner):
         for module in place.modules:  # forward in mixed precision, backward as autograd runs it
             module.forward = self._in_precision(module.forward)
         names = {id(p): n for n, p in full.named_parameters()}
-        self.local_names = [names[id(p)] for p in self.model.parameters()]
+        self.local_names = [names.get(id(p), n) for n, p in self.model.named_parameters()]
         self.full_names = [n for n, _ in full.named_parameters()]
         self.version = 0  # optimizer steps taken here (the full model's copy is of `_fresh_at`)
         self._fresh_at = 0
@@ -250,22 +267,36 @@ class StageLearner(Learner):
         return run
 
     def clip(self, max_norm: float) -> float:
-        """By the norm of the whole model's gradient (`grad_norm`); returns that norm."""
+        """By the norm of the whole model's gradient (`grad_norm`); returns that norm.
+        Gradients sharded inside a stage are scaled piece by piece."""
         norm = self.grad_norm()
         scaled = torch.tensor(norm, dtype=torch.float32, device=self.device)
-        torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), max_norm, scaled)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        if not any(isinstance(grad, DTensor) for grad in grads):
+            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), max_norm, scaled)
+            return norm
+        coef = torch.clamp(max_norm / (scaled + 1e-6), max=1.0)
+        with torch.no_grad():
+            for grad in grads:
+                (grad.to_local() if isinstance(grad, DTensor) else grad).mul_(coef)
         return norm
 
     def grad_norm(self) -> float:
-        """Collective: each rank's squared norm, summed over the ranks (computed as torch's
-        clip_grad_norm_ does, per tensor then overall)."""
+        """Collective: each rank's squared norm, summed over the pipeline's ranks (computed
+        as torch's clip_grad_norm_ does, per tensor then overall). Gradients sharded inside
+        a stage (a hybrid mesh's tensor or sharded data dimension) count their pieces once
+        (`training/clipping.py`)."""
         grads = [p.grad for p in self.model.parameters() if p.grad is not None]
         square = torch.zeros((), dtype=torch.float64)
         for grad in grads:
-            square += torch.linalg.vector_norm(grad, 2).double().cpu() ** 2
+            if not isinstance(grad, DTensor):
+                square += torch.linalg.vector_norm(grad, 2).double().cpu() ** 2
+        sharded: list[torch.Tensor] = [g for g in grads if isinstance(g, DTensor)]
+        if sharded:
+            square += global_norm(sharded) ** 2
         total = torch.tensor([float(square)], dtype=torch.float64, device=self.ctx.comm_device)
         if self.ctx.distributed and self.ctx.world_size > 1:
-            torch.distributed.all_reduce(total)
+            dist.all_reduce(total, group=self.group)
         return float(total.sqrt().to(torch.float32))
 
     # ------------------------------------------------------------ the full model
@@ -338,7 +369,10 @@ class StageLearner(Learner):
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     """Parameters, their gradients (as many bytes) and the optimizer's state tensors; the
     optimizer's state counted as the kind allocates it at its first step."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    params = sum(
+        (p.to_local() if isinstance(p, DTensor) else p).numel() * p.element_size()
+        for p in model.parameters()
+    )
     group = optimizer.param_groups[0]
     slots = {"Adam": 2, "AdamW": 2, "Adagrad": 1}.get(type(optimizer).__name__)
     if slots is None:  # SGD: a momentum buffer if it has momentum

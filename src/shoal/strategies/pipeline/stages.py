@@ -71,13 +71,20 @@ def build_stages(
     group_rank: int,
     ranks: int,
     device: torch.device,
+    prepare: Callable[[nn.Module], nn.Module] | None = None,
 ) -> PipelinePlace:
-    """This rank's stages of `model` (anything with `stage(first, last)`, e.g. the lm)."""
+    """This rank's stages of `model` (anything with `stage(first, last)`, e.g. the lm).
+
+    `prepare` lays each stage module out before torch's stage wraps it (a hybrid mesh
+    shards it over its tensor and data dimensions); without it the stages share the
+    full model's modules."""
     total = len(partition)
     if total % ranks:
         raise ValueError(f"{total} stages do not spread evenly over {ranks} ranks")
     indices = stage_indices(group_rank, ranks, total // ranks)
     modules = [model.stage(*partition[i]) for i in indices]
+    if prepare is not None:
+        modules = [prepare(module) for module in modules]
     stages = [
         PipelineStage(module, index, total, device, group=group)
         for module, index in zip(modules, indices, strict=True)

@@ -26,7 +26,11 @@ from shoal.errors import ShoalError
 from shoal.runtime.collectives import gather_bytes
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
-from shoal.strategies.pipeline.config import PipelineStrategyConfig, check_partitions
+from shoal.strategies.pipeline.config import (
+    PipelineFields,
+    PipelineStrategyConfig,
+    check_partitions,
+)
 from shoal.strategies.pipeline.learner import PipelineRecord, PipelineSync, StageLearner
 from shoal.strategies.pipeline.partition import (
     Partition,
@@ -67,6 +71,9 @@ class PipelineStrategy(Strategy):
     #: their checkpoints hold the whole model and one optimizer state, as this one's do
     resumes_from: ClassVar[tuple[str, ...]] = ("local", "data_parallel")
 
+    #: this rank's learner (a hybrid mesh's stages save through DCP)
+    learner_class: ClassVar[type[StageLearner]] = StageLearner
+
     task: Task
     place: PipelinePlace
     sync: PipelineSync
@@ -76,9 +83,9 @@ class PipelineStrategy(Strategy):
     costs: BlockCosts | None = None
 
     @property
-    def config(self) -> PipelineStrategyConfig:
+    def config(self) -> PipelineFields:
         config = self.ctx.config.strategy
-        assert isinstance(config, PipelineStrategyConfig)
+        assert isinstance(config, PipelineFields)
         return config
 
     @classmethod
@@ -117,11 +124,19 @@ class PipelineStrategy(Strategy):
             )
         self._check_batches()
         self.partition = self._partition(model, len(blocks))
-        self.place = build_stages(model, self.partition, None, ctx.rank, ctx.world_size, ctx.device)
+        self.place = self._place(model)
+        self.sync = self._sync(model)
+        return self.sync
+
+    def _place(self, model: nn.Module) -> PipelinePlace:
+        """This rank's stages: one pipeline over the world, sharing the full model's modules."""
+        ctx = self.ctx
+        return build_stages(model, self.partition, None, ctx.rank, ctx.world_size, ctx.device)
+
+    def _sync(self, model: nn.Module) -> PipelineSync:
         named = {id(p): n for n, p in model.named_parameters()}
         local = [(named[id(p)], p) for m in self.place.modules for p in m.parameters()]
-        self.sync = PipelineSync(ctx, local, self.place)
-        return self.sync
+        return PipelineSync(self.ctx, local, self.place)
 
     def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         config = self.config
@@ -129,7 +144,7 @@ class PipelineStrategy(Strategy):
         def schedule(loss_fn: Any) -> Any:
             return build_schedule(config.schedule, self.place, config.microbatches, loss_fn)
 
-        self.learner = StageLearner(
+        self.learner = self.learner_class(
             self.task,
             model,
             self.place,
@@ -139,8 +154,13 @@ class PipelineStrategy(Strategy):
             schedule,
             config.microbatches,
             norm_every=self.ctx.config.monitor.log_every_steps,
+            **self._learner_options(),
         )
         return self.learner
+
+    def _learner_options(self) -> dict[str, Any]:
+        """More keyword arguments of `learner_class` (a mesh's data share and groups)."""
+        return {}
 
     def _check_batches(self) -> None:
         """Every step's batch must cut into equal micro-batches (the stages' message shapes

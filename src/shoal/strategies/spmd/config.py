@@ -13,11 +13,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from shoal.config.base import FieldError, StrategySection
+from shoal.strategies.pipeline.config import PipelineFields
 
 #: mesh dimensions, outermost first (rank = row-major index over them)
 DIMENSIONS = ("data", "pipeline", "tensor")
-#: the dimensions this version builds (a pipeline dimension comes with the pipeline strategy)
-BUILT = ("data", "tensor")
 
 
 class SpmdSection(StrategySection):
@@ -98,13 +97,16 @@ class FullyShardedStrategyConfig(SpmdSection):
         return {"data": self.degree}
 
 
-class HybridStrategyConfig(SpmdSection):
-    """A mesh over the world, e.g. `mesh = { data = 2, tensor = 2 }`."""
+class HybridStrategyConfig(SpmdSection, PipelineFields):
+    """A mesh over the world, e.g. `mesh = { data = 2, tensor = 2 }` or
+    `{ data = 2, pipeline = 2 }`. With a pipeline dimension the pipeline fields
+    (`microbatches`, `schedule`, `partitions`, `balance`) apply as under the pipeline
+    strategy: each pipeline of the mesh cuts the model into stages."""
 
     type: Literal["hybrid"] = "hybrid"
     mesh: dict[str, int] = Field(
-        description="Sizes of the mesh dimensions (data, tensor); their product is the number "
-        "of worker processes. Ranks are laid out row-major, data outermost."
+        description="Sizes of the mesh dimensions (data, pipeline, tensor); their product is "
+        "the number of worker processes. Ranks are laid out row-major, data outermost."
     )
     data: Literal["sharded", "replicated"] = Field(
         "sharded",
@@ -121,21 +123,44 @@ class HybridStrategyConfig(SpmdSection):
     def dims_field(self, dim: str) -> tuple[str, ...]:
         return ("strategy", "mesh", dim)
 
+    @property
+    def pipeline_ranks(self) -> int:
+        return self.mesh.get("pipeline", 1)
+
+    @property
+    def stages_field(self) -> tuple[str, ...]:
+        return ("strategy", "mesh", "pipeline")
+
     def check(self, config: Any) -> None:
         for name, size in self.mesh.items():
             if name not in DIMENSIONS:
                 raise FieldError(
                     ("strategy", "mesh", name),
-                    f"unknown mesh dimension; choose from {', '.join(BUILT)}",
-                )
-            if name not in BUILT:
-                raise FieldError(
-                    ("strategy", "mesh", name),
-                    "a pipeline dimension is not built by this version of hybrid; "
-                    f"use {' and '.join(BUILT)}, or the pipeline strategy",
+                    f"unknown mesh dimension; choose from {', '.join(DIMENSIONS)}",
                 )
             if size < 1:
                 raise FieldError(("strategy", "mesh", name), f"must be at least 1, got {size}")
         if not self.mesh:
             raise FieldError(("strategy", "mesh"), "name at least one dimension, e.g. data = 2")
         super().check(config)
+        if "pipeline" in self.mesh:
+            self._check_pipeline_dimension(config)
+
+    def _check_pipeline_dimension(self, config: Any) -> None:
+        if self.mesh["pipeline"] < 2:
+            raise FieldError(
+                ("strategy", "mesh", "pipeline"),
+                "a pipeline dimension has at least 2 stages; leave it out for none",
+            )
+        if self.schedule == "interleaved_1f1b":
+            raise FieldError(
+                ("strategy", "schedule"),
+                'interleaved_1f1b is not built in a hybrid mesh; use "gpipe" or "1f1b"',
+            )
+        if self.sequence_parallel:
+            raise FieldError(
+                ("strategy", "sequence_parallel"),
+                "sequence parallelism is not built with a pipeline dimension (the stages "
+                "exchange whole sequences); set sequence_parallel = false",
+            )
+        self.check_pipeline(config, data=self.mesh.get("data", 1))

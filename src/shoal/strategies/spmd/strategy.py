@@ -24,6 +24,7 @@ from torch import nn
 from shoal.config.root import ShoalConfig
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import all_reduce_sum
+from shoal.runtime.context import WorkerContext
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import LEARNERS, Strategy
 from shoal.strategies.spmd.config import (
@@ -33,6 +34,7 @@ from shoal.strategies.spmd.config import (
     TensorParallelStrategyConfig,
 )
 from shoal.strategies.spmd.layout import build_mesh, lay_out
+from shoal.strategies.spmd.pipeline_mesh import MeshPipelineStrategy, describe_mesh_rank
 from shoal.strategies.spmd.sync import SpmdGradientSync, local
 from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync
@@ -63,6 +65,13 @@ class SpmdStrategy(Strategy):
     def world_size(cls, config: ShoalConfig) -> int:
         assert isinstance(config.strategy, SpmdSection)
         return math.prod(config.strategy.dims().values())
+
+    @classmethod
+    def describe_rank(cls, config: ShoalConfig, rank: int) -> str:
+        """'rank 3 (data 1, tensor 1)': the launcher names a dead or hung rank so."""
+        assert isinstance(config.strategy, SpmdSection)
+        dims = config.strategy.dims()
+        return describe_mesh_rank(RankRoles.mesh(math.prod(dims.values()), dims), rank)
 
     def make_roles(self) -> RankRoles:
         return RankRoles.mesh(self.ctx.world_size, self.config.dims())
@@ -187,5 +196,14 @@ class FullyShardedStrategy(SpmdStrategy):
 
 
 class HybridStrategy(SpmdStrategy):
+    """A mesh of data and tensor dimensions is this class's; one with a pipeline dimension
+    is the pipeline strategy's along it (`pipeline_mesh.py`)."""
+
     config_class = HybridStrategyConfig
     workers_field = None
+
+    def __new__(cls, ctx: WorkerContext) -> Any:
+        strategy = ctx.config.strategy
+        if isinstance(strategy, HybridStrategyConfig) and "pipeline" in strategy.mesh:
+            return MeshPipelineStrategy(ctx)
+        return super().__new__(cls)

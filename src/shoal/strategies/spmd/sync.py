@@ -9,7 +9,8 @@ block, during backward; only the last micro-batch reduces). A replicated data
 dimension is reduced here, block by block: the local gradients of each block
 (the embeddings, each transformer block, the final norm and head) are
 flattened into one bucket and all-reduced over the data group, all buckets in
-flight at once (seed 004's per-block all-reduce).
+flight at once (seed 004's per-block all-reduce). A pipeline stage of a hybrid
+mesh is synced by this same class over its own blocks (`pipeline_mesh.py`).
 
 Non-finite gradients are found on each rank's local pieces, before the
 replicated reduction (so the rank at fault is named), after FSDP's (the rank
@@ -81,23 +82,14 @@ class SpmdGradientSync(GradientSync):
             for _, grad in named:
                 grad.div_(self.loss_scale)
         if self.data_group is not None:
-            self._all_reduce_blocks()
+            all_reduce_blocks(self.buckets, self.data_group)
         self._comm_s = time.perf_counter() - started
         return self._comm_s
 
-    def _all_reduce_blocks(self) -> None:
-        flights = []
-        for params in self.buckets:
-            grads = [local(p.grad) for p in params if p.grad is not None]
-            flat = torch.cat([g.reshape(-1) for g in grads])
-            work = dist.all_reduce(flat, group=self.data_group, async_op=True)
-            flights.append((work, flat, grads))
-        for work, flat, grads in flights:
-            work.wait()
-            offset = 0
-            for grad in grads:
-                grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
-                offset += grad.numel()
+    @property
+    def found(self) -> list[str]:
+        """The last `finish`'s non-finite gradients here, named with this rank's coordinates."""
+        return self._nonfinite
 
     def nonfinite(self) -> dict[int, list[str]]:
         return agree_on_nonfinite(self._nonfinite, next(self.model.parameters()).device)
@@ -128,3 +120,20 @@ def _blocks(model: nn.Module) -> list[list[nn.Parameter]]:
         if bucket:
             buckets.append(bucket)
     return buckets
+
+
+def all_reduce_blocks(buckets: list[list[nn.Parameter]], group: dist.ProcessGroup) -> None:
+    """Sum each bucket's local gradients over `group`: one flat all-reduce per bucket, all
+    in flight at once, copied back as each completes (in bucket order)."""
+    flights = []
+    for params in buckets:
+        grads = [local(p.grad) for p in params if p.grad is not None]
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        work = dist.all_reduce(flat, group=group, async_op=True)
+        flights.append((work, flat, grads))
+    for work, flat, grads in flights:
+        work.wait()
+        offset = 0
+        for grad in grads:
+            grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
+            offset += grad.numel()
