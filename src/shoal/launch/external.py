@@ -39,6 +39,7 @@ from shoal.launch.reports import is_communication_error, write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.recovery.rejoin import mark_run, marked_run
 from shoal.recovery.restarts import newest_state
+from shoal.recovery.status import StatusBoard
 from shoal.run import RunPaths, create_run_dir
 from shoal.run.lock import RunLock
 from shoal.runtime.auth import Signer, new_secret
@@ -145,6 +146,8 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         watch = HostWatch(
             StoreAddress(launch.master_addr, launch.master_port), rank, hosts, config.faults,
             beats, log, on_lost=lambda message: end_process(log, message), doors=doors,
+            board=StatusBoard(paths, launch.max_restarts) if rank == 0 else None,
+            restarts=launch.restart,
         )  # fmt: skip
         ctx = WorkerContext(
             config=config,
