@@ -53,6 +53,7 @@ def watches(
             on_lost=lambda message, rank=rank: verdicts.__setitem__(rank, message),
             board=board if rank == 0 else None,
             restarts=1,
+            max_restarts=2,
         )
         for rank in range(2)
     ]

@@ -81,3 +81,30 @@ def test_status_lines_name_every_rank_and_a_launcher_that_is_gone(tmp_path: Path
     assert "its launcher is gone" in status_lines(paths)[0]
     with pytest.raises(ShoalError, match=r"status\.json: missing"):
         status_lines(create_run_dir(tmp_path, "other"))
+
+
+def test_a_torchrun_restart_with_fewer_workers_goes_on_only_down_to_min_workers(
+    tmp_path: Path,
+) -> None:
+    from shoal.recovery.rejoin import check_membership
+
+    paths = create_run_dir(tmp_path, "run")
+    elastic = FaultsConfig(min_workers=2)
+    assert check_membership(elastic, 4, 4, 1, 21, paths, elastic=True) is None
+    assert check_membership(elastic, 4, 2, 1, 21, paths, elastic=True) == (
+        "torchrun restart 1: the job goes on with 2 workers from 4 (faults.min_workers = 2), "
+        "resumed at step 21 with the same global batch"
+    )
+    with pytest.raises(ShoalError, match=r"with 1 workers, fewer than faults.min_workers = 2"):
+        check_membership(elastic, 2, 1, 2, 28, paths, elastic=True)
+    with pytest.raises(ShoalError, match=r"faults.min_workers = 0 never shrinks a job"):
+        check_membership(FaultsConfig(), 4, 2, 1, 21, paths, elastic=True)
+    assert check_membership(elastic, 2, 4, 3, 35, paths, elastic=True) == (
+        "torchrun restart 3: the job grows back to 4 workers from 2, resumed at step 35 "
+        "with the same global batch"
+    )
+    records = [json.loads(x) for x in paths.metrics.read_text().splitlines()]
+    assert [(r["event"], r["was"], r["workers"], r["step"]) for r in records] == [
+        ("membership", 4, 2, 21),
+        ("membership", 2, 4, 35),
+    ]

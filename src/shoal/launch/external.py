@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.checkpoint.atomic import atomic_write_bytes
+from shoal.checkpoint.integrity import read_meta
 from shoal.config import ShoalConfig, dump_config
 from shoal.errors import JobFailed, RunStopped, ShoalError
 from shoal.launch.admission import Claim, job_signer, join
@@ -37,7 +38,7 @@ from shoal.launch.plan import JobPlan
 from shoal.launch.process_group import join_process_group, shutdown_process_group
 from shoal.launch.reports import is_communication_error, write_report
 from shoal.monitor.logs import close_logger, worker_logger
-from shoal.recovery.rejoin import mark_run, marked_run
+from shoal.recovery.rejoin import check_membership, mark_run, marked_run
 from shoal.recovery.restarts import newest_state
 from shoal.recovery.status import StatusBoard
 from shoal.run import RunPaths, create_run_dir
@@ -47,6 +48,7 @@ from shoal.runtime.collectives import World, barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
 from shoal.runtime.stop import stop_on_signals
+from shoal.strategies.registry import strategy_class
 
 
 def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
@@ -108,7 +110,8 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         if rank == 0:
             try:
                 root, resume = _claim_run(plan, launch, held)
-                claim = {"root": str(root), "resume": resume}
+                changed = _membership(plan, launch, world_size, RunPaths(root), resume)
+                claim = {"root": str(root), "resume": resume, "membership": changed}
             except ShoalError as exc:
                 claim = {"error": str(exc)}
         announced = json.loads(broadcast_bytes(peers, json.dumps(claim).encode()).decode())
@@ -139,6 +142,8 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
                 world_size,
                 world_size,
             )
+        if announced.get("membership"):
+            log.warning("%s", announced["membership"])
         if doors is not None:
             for line in doors.refusals:
                 log.warning("%s", line)
@@ -147,7 +152,7 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             StoreAddress(launch.master_addr, launch.master_port), rank, hosts, config.faults,
             beats, log, on_lost=lambda message: end_process(log, message), doors=doors,
             board=StatusBoard(paths, launch.max_restarts) if rank == 0 else None,
-            restarts=launch.restart,
+            restarts=launch.restart, max_restarts=launch.max_restarts,
         )  # fmt: skip
         ctx = WorkerContext(
             config=config,
@@ -196,6 +201,20 @@ def _drawn_signer(peers: World) -> Signer:
     process group (whose members were all admitted), never through the store."""
     drawn = broadcast_bytes(peers, new_secret().encode() if peers.rank == 0 else None)
     return Signer(drawn)
+
+
+def _membership(
+    plan: JobPlan, launch: ExternalLaunch, world_size: int, paths: RunPaths, resume: str | None
+) -> str | None:
+    """Rank 0 of a job torchrun restarted: fewer or more workers than the state it resumes
+    from had (a host lost or back), as `[faults] min_workers` allows (recovery/rejoin.py)."""
+    if not launch.restart or resume is None:
+        return None
+    meta = read_meta(Path(resume))
+    was, step = int(meta.get("world_size", world_size)), int(meta.get("step", -1))
+    elastic = strategy_class(plan.config.strategy).elastic
+    faults = plan.config.faults
+    return check_membership(faults, was, world_size, launch.restart, step, paths, elastic)
 
 
 def _claim_run(plan: JobPlan, launch: ExternalLaunch, held: ExitStack) -> tuple[Path, str | None]:

@@ -74,9 +74,14 @@ class StoreAddress:
 
 
 def lost_message(
-    hosts: Hosts, silent: dict[int, float], timeout_s: float, store_down: str | None = None
+    hosts: Hosts,
+    silent: dict[int, float],
+    timeout_s: float,
+    store_down: str | None = None,
+    ending: str = "the job stops",
 ) -> str:
-    """One line naming what was lost: whole hosts with their ranks, or single ranks."""
+    """One line naming what was lost: whole hosts with their ranks, or single ranks; then
+    what happens to the job (`ending`)."""
     parts = []
     if store_down is not None:
         parts.append(store_down)
@@ -96,7 +101,7 @@ def lost_message(
                 f"{listed} on host {hosts.label(host)} stopped responding: no heartbeat "
                 f"for {gap:.1f} s"
             )
-    return "; ".join(parts) + f" (faults.heartbeat_timeout_s = {timeout_s:g}); the job stops"
+    return "; ".join(parts) + f" (faults.heartbeat_timeout_s = {timeout_s:g}); {ending}"
 
 
 class HostWatch:
@@ -114,10 +119,12 @@ class HostWatch:
         doors: Doorkeeper | None = None,
         board: StatusBoard | None = None,
         restarts: int = 0,
+        max_restarts: int = 0,
     ) -> None:
         self.rank, self.hosts, self.faults, self.log = rank, hosts, faults, log
         self._signer, self._on_lost, self._doors = signer, on_lost, doors
-        self._board, self._restarts = board, restarts  # rank 0: status.json; this attempt's
+        self._board = board  # rank 0: status.json
+        self._restarts, self._max_restarts = restarts, max_restarts  # torchrun's, so far / most
         self._beats: dict[int, Beat] = {}  # every rank's newest authentic beat
         self._ended: dict[int, str] = {}  # rank -> done, failed (its done key) or lost
         self._store_at = store_at
@@ -185,7 +192,13 @@ class HostWatch:
             if silent or store_down:
                 self._ended.update(dict.fromkeys(silent, "failed"))
                 self._write_status(self._ending(), every=None)
-                self._decide(lost_message(self.hosts, silent, timeout, store_down))
+                ending = "the job stops"
+                if self._restarts < self._max_restarts:  # torchrun's elastic agent goes on
+                    ending = (
+                        f"this attempt stops and torchrun starts the job again (restart "
+                        f"{self._restarts + 1} of {self._max_restarts}, --max-restarts)"
+                    )
+                self._decide(lost_message(self.hosts, silent, timeout, store_down, ending))
                 return
             self._write_status("running", every=None)
 
@@ -253,8 +266,7 @@ class HostWatch:
     def _ending(self) -> str:
         """The job's state when this attempt fails: torchrun starts another while restarts
         are left (`--max-restarts`), else the job failed."""
-        board = self._board
-        return "restarting" if board and self._restarts < board.max_restarts else "failed"
+        return "restarting" if self._restarts < self._max_restarts else "failed"
 
     def _decide(self, message: str) -> None:
         self.verdict = message
