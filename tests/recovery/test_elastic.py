@@ -13,10 +13,11 @@ from tests.hostile.jobs import finish, no_worker_left, start, write_job
 from tests.recovery.chaos import assert_identical, chaos_job, events, strike
 
 
-def _three_workers(faults: dict[str, Any]) -> dict[str, Any]:
+def elastic_job(faults: dict[str, Any], workers: int = 3) -> dict[str, Any]:
+    """The chaos job on `workers` data-parallel workers, every checkpoint kept."""
     sections = chaos_job(0)
-    sections["strategy"] = {"type": "data_parallel", "num_replicas": 3}
-    sections["checkpoint"] = {"every_steps": 7, "keep_last": 100}
+    sections["strategy"] = {"type": "data_parallel", "num_replicas": workers}
+    sections["checkpoint"] = {"every_steps": 7, "keep_last": 1000}
     sections["faults"] = faults
     return sections
 
@@ -26,7 +27,7 @@ def test_a_worker_lost_for_good_leaves_the_job_on_two_with_the_same_problem(
 ) -> None:
     faults = {"max_restarts": 2, "restart_backoff_s": 0.1, "min_workers": 2,
               "max_rank_failures": 1}  # fmt: skip
-    config = write_job(tmp_path, **_three_workers(faults))
+    config = write_job(tmp_path, **elastic_job(faults))
     run_dir = tmp_path / "runs" / "job"
     launcher = start("train", str(config), cwd=tmp_path)
     strike(launcher, run_dir, 0, 40, rank=2)
@@ -44,7 +45,7 @@ def test_a_worker_lost_for_good_leaves_the_job_on_two_with_the_same_problem(
 
     # the same path taken by hand: 3 workers up to that checkpoint, then 2 from it
     ref = tmp_path / "ref"
-    shoal.train(_three_workers({}) | {"run": {"dir": str(ref), "name": "ref"}})
+    shoal.train(elastic_job({}) | {"run": {"dir": str(ref), "name": "ref"}})
     checkpoint = ref / "ref" / "checkpoints" / f"step-{step:08d}"
     reference = shoal.train(resume=checkpoint, workers=2)
     assert results["steps"] == reference["steps"]

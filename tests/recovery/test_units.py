@@ -92,16 +92,16 @@ def test_a_torchrun_restart_with_fewer_workers_goes_on_only_down_to_min_workers(
     elastic = FaultsConfig(min_workers=2)
     assert check_membership(elastic, 4, 4, 1, 21, paths, elastic=True) is None
     assert check_membership(elastic, 4, 2, 1, 21, paths, elastic=True) == (
-        "torchrun restart 1: the job goes on with 2 workers from 4 (faults.min_workers = 2), "
-        "resumed at step 21 with the same global batch"
+        "torchrun started the job again (restarts 1): it goes on with 2 workers from 4 "
+        "(faults.min_workers = 2), resumed at step 21 with the same global batch"
     )
     with pytest.raises(ShoalError, match=r"with 1 workers, fewer than faults.min_workers = 2"):
         check_membership(elastic, 2, 1, 2, 28, paths, elastic=True)
     with pytest.raises(ShoalError, match=r"faults.min_workers = 0 never shrinks a job"):
         check_membership(FaultsConfig(), 4, 2, 1, 21, paths, elastic=True)
     assert check_membership(elastic, 2, 4, 3, 35, paths, elastic=True) == (
-        "torchrun restart 3: the job grows back to 4 workers from 2, resumed at step 35 "
-        "with the same global batch"
+        "torchrun started the job again (restarts 3): it grows back to 4 workers from 2, "
+        "resumed at step 35 with the same global batch"
     )
     records = [json.loads(x) for x in paths.metrics.read_text().splitlines()]
     assert [(r["event"], r["was"], r["workers"], r["step"]) for r in records] == [

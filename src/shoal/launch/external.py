@@ -144,6 +144,21 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             )
         if announced.get("membership"):
             log.warning("%s", announced["membership"])
+        if rank == 0 and config.faults.max_restarts:
+            log.warning(
+                "faults.max_restarts = %d is shoal's own launcher's: under %s, restarts are "
+                "the launcher's (torchrun --max-restarts)",
+                config.faults.max_restarts,
+                launch.launcher,
+            )
+        if rank == 0 and config.faults.snapshot_every_steps:
+            log.warning(
+                "faults.snapshot_every_steps = %d: no in-memory snapshots under %s (they are "
+                "kept by shoal's own launcher on one machine); restarts resume from the newest "
+                "disk checkpoint (checkpoint.every_steps)",
+                config.faults.snapshot_every_steps,
+                launch.launcher,
+            )
         if doors is not None:
             for line in doors.refusals:
                 log.warning("%s", line)

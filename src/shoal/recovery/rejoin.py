@@ -17,7 +17,11 @@ shoal's own launcher (`[faults] min_workers`): the job goes on with fewer, down 
 min_workers, with the same global batch (the strategy splits it over the ranks it
 has), and the change is logged and appended to metrics.jsonl (`membership`). With
 min_workers = 0 a smaller job is refused: the config asked never to shrink. More
-workers than before (capacity that came back) are taken as they come.
+workers than before, after a restart, are taken as they come. Growing back when a
+host joins a job that is running is not reached: torchrun's agent then starts the
+workers again without counting a restart (so a run is not found again), and its
+rendezvous (torch 2.13, shared TCP store) leaves the joining node waiting for the
+round's MASTER_ADDR, which the node that stays rank 0 does not write again.
 """
 
 from __future__ import annotations
@@ -72,21 +76,22 @@ def check_membership(
     paths: RunPaths,
     elastic: bool,
 ) -> str | None:
-    """Rank 0 of restart `restart`, resuming from a state of `was` workers at `step` with
-    `now`: ShoalError if the job may not go on so; else the change's log line (recorded in
-    metrics.jsonl), or None when the membership is the same. `elastic`: the strategy
-    trains the same problem on any number of workers (Strategy.elastic)."""
+    """Rank 0 of a job torchrun started again (`restart`: its restart count so far),
+    resuming from a state of `was` workers at `step` with `now`: ShoalError if the job may
+    not go on so; else the change's log line (recorded in metrics.jsonl), or None when the
+    membership is the same. `elastic`: the strategy trains the same problem on any number
+    of workers (Strategy.elastic)."""
     if now == was:
         return None
     if now < was and not faults.min_workers:
         raise ShoalError(
-            f"torchrun restarted the job (restart {restart}) with {now} workers, its state at "
+            f"torchrun started the job again (restarts {restart}) with {now} workers, its state at "
             f"step {step} has {was}, and faults.min_workers = 0 never shrinks a job: set "
             f"faults.min_workers (at most {now}) to go on with fewer, or bring the lost host back"
         )
     if now < faults.min_workers:
         raise ShoalError(
-            f"torchrun restarted the job (restart {restart}) with {now} workers, fewer than "
+            f"torchrun started the job again (restarts {restart}) with {now} workers, fewer than "
             f"faults.min_workers = {faults.min_workers} (its state at step {step} has {was}); "
             "the job stops: restart it with more hosts (shoal train --resume RUN_DIR under "
             "torchrun)"
@@ -100,6 +105,6 @@ def check_membership(
     floor = f" (faults.min_workers = {faults.min_workers})" if now < was else ""
     same = " with the same global batch" if elastic else ""
     return (
-        f"torchrun restart {restart}: the job {how} {now} workers from {was}{floor}, resumed "
-        f"at step {step}{same}"
+        f"torchrun started the job again (restarts {restart}): it {how} {now} workers from "
+        f"{was}{floor}, resumed at step {step}{same}"
     )
