@@ -13,6 +13,7 @@ bit-identical to a person resuming that checkpoint with 2 workers by hand.
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
 from collections.abc import Callable
@@ -22,6 +23,8 @@ from typing import Any
 import pytest
 
 import shoal
+from shoal.recovery.replicas import host_snapshot_dir
+from shoal.run import RunPaths
 from tests.cluster.jobs import start_torchrun
 from tests.cluster.netns import Cluster
 from tests.cluster.test_failures import wait_for_training
@@ -91,3 +94,39 @@ def test_a_lost_host_leaves_the_job_on_the_other_with_the_same_problem(
     header, _, *rows = run_shoal("status", str(run.run_dir), cwd=tmp_path).stdout.splitlines()
     assert header.endswith(": done; restarts 1 of 1 (faults.max_restarts)"), header
     assert [row.split()[:3] for row in rows] == [["0", "worker", "done"], ["1", "worker", "done"]]
+
+
+@pytest.mark.slow
+def test_a_lost_host_s_snapshot_comes_from_its_replica_on_the_other_host(
+    make_cluster: Callable[..., Cluster], tmp_path: Path
+) -> None:
+    """Snapshots every 3 steps, disk checkpoints every 100: host 0 (rank 0, which writes
+    the snapshots) is killed and its memory lost; the job goes on on host 1 (the store's
+    host) from the replica host 1 kept, losing at most 3 steps."""
+    cluster = make_cluster(2)
+    h0, h1 = cluster.hosts
+    faults = {"heartbeat_interval_s": 0.5, "heartbeat_timeout_s": HEARTBEAT_TIMEOUT_S,
+              "min_workers": 2, "snapshot_every_steps": 3}  # fmt: skip
+    job = elastic_job(faults, workers=4)
+    job["checkpoint"] = {"every_steps": 100}
+    run = start_torchrun(
+        cluster, job, tmp_path, "ring", hosts=[h1, h0], nnodes="1:2",
+        torchrun_args=("--max-restarts", "1", "--rdzv-conf", RDZV_CONF),
+    )  # fmt: skip
+    wait_for_training(run, steps=40)
+    assert f"{h0.name} ({h0.address}): ranks 0, 1" in run.log(0), run.log(0)[-2000:]
+    cluster.kill_host(h0)
+    reached = max(int(e["step"]) for e in events(run.run_dir) if e.get("event") == "train")
+    shutil.rmtree(host_snapshot_dir(RunPaths(run.run_dir), host=h0.name), ignore_errors=True)
+    run.wait()
+    assert run.codes[0] == 0, run.report()  # host 1 finished the job
+    results = json.loads((run.run_dir / "results.json").read_text())
+    assert results["world_size"] == 2
+    found = re.findall(r"resumed from (\S*)/step-(\d+)", run.log(0))
+    assert found, run.log(0)[-3000:]
+    folder, step = Path(found[-1][0]), int(found[-1][1])
+    assert folder == host_snapshot_dir(RunPaths(run.run_dir), host=h1.name)  # the replica
+    assert reached - 3 <= step <= reached + 3 and step % 3 == 0, (reached, step)
+    membership = [e for e in events(run.run_dir) if e.get("event") == "membership"]
+    assert [(e["was"], e["workers"], e["step"]) for e in membership] == [(4, 2, step)]
+    assert not host_snapshot_dir(RunPaths(run.run_dir), host=h1.name).exists()  # freed

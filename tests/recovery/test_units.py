@@ -108,3 +108,19 @@ def test_a_torchrun_restart_with_fewer_workers_goes_on_only_down_to_min_workers(
         ("membership", 4, 2, 21),
         ("membership", 2, 4, 35),
     ]
+
+
+def test_a_snapshot_replica_travels_as_plain_bytes_and_refuses_a_path(tmp_path: Path) -> None:
+    from shoal.recovery.replicas import pack, replica_peer, unpack_into
+    from shoal.runtime.hosts import Hosts
+
+    snapshot = _fake_checkpoint(tmp_path / "rank0", 12)
+    kept = tmp_path / "peer"
+    _fake_checkpoint(kept, 9)  # an older replica: replaced
+    copy = unpack_into(pack(snapshot), kept, snapshot.name)
+    assert [p.name for p in kept.iterdir()] == [snapshot.name]
+    assert newest_state(create_run_dir(tmp_path, "run"), None, kept).path == str(copy)
+    with pytest.raises(ShoalError, match=r"a bad file entry '../x'"):
+        unpack_into(b"\x04\x00../x" + (0).to_bytes(8, "little"), kept, "step-00000013")
+    assert replica_peer(Hosts.consecutive(4, 2)) == 2  # rank 0's host -> the next host's first
+    assert replica_peer(Hosts.single(4)) is None  # one host: the launcher's tmpfs (snapshots.py)

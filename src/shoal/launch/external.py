@@ -39,6 +39,7 @@ from shoal.launch.process_group import join_process_group, shutdown_process_grou
 from shoal.launch.reports import is_communication_error, write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.recovery.rejoin import check_membership, mark_run, marked_run
+from shoal.recovery.replicas import newest_replica, remove_host_snapshots
 from shoal.recovery.restarts import newest_state
 from shoal.recovery.status import StatusBoard
 from shoal.run import RunPaths, create_run_dir
@@ -110,8 +111,7 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         if rank == 0:
             try:
                 root, resume = _claim_run(plan, launch, held)
-                changed = _membership(plan, launch, world_size, RunPaths(root), resume)
-                claim = {"root": str(root), "resume": resume, "membership": changed}
+                claim = {"root": str(root), "resume": resume}
             except ShoalError as exc:
                 claim = {"error": str(exc)}
         announced = json.loads(broadcast_bytes(peers, json.dumps(claim).encode()).decode())
@@ -122,6 +122,21 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         paths.logs.mkdir(parents=True, exist_ok=True)  # other machines may not share the folder
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         barrier(peers)
+        resume_from = announced["resume"]
+        if launch.restart and config.faults.snapshot_every_steps:  # newer than the checkpoint?
+            floor = int(read_meta(Path(resume_from)).get("step", -1)) if resume_from else -1
+            snapshot = newest_replica(peers, hosts, paths, floor)
+            resume_from = str(snapshot) if snapshot is not None else resume_from
+        changed: dict[str, str | None] = {}
+        if rank == 0:  # the state resumed from is known everywhere now: its world size
+            try:
+                changed = {"line": _membership(plan, launch, world_size, paths, resume_from)}
+            except ShoalError as exc:
+                changed = {"error": str(exc)}
+        changed = json.loads(broadcast_bytes(peers, json.dumps(changed).encode()).decode())
+        if changed.get("error"):
+            failed = True
+            raise ShoalError(str(changed["error"]))
         log = worker_logger(rank, paths.log_file(rank))
         log.info(
             "rank %d of %d joined (%s, %s on %s; store %s); gloo listens on %s; hosts: %s",
@@ -142,21 +157,13 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
                 world_size,
                 world_size,
             )
-        if announced.get("membership"):
-            log.warning("%s", announced["membership"])
+        if changed.get("line"):
+            log.warning("%s", changed["line"])
         if rank == 0 and config.faults.max_restarts:
             log.warning(
                 "faults.max_restarts = %d is shoal's own launcher's: under %s, restarts are "
                 "the launcher's (torchrun --max-restarts)",
                 config.faults.max_restarts,
-                launch.launcher,
-            )
-        if rank == 0 and config.faults.snapshot_every_steps:
-            log.warning(
-                "faults.snapshot_every_steps = %d: no in-memory snapshots under %s (they are "
-                "kept by shoal's own launcher on one machine); restarts resume from the newest "
-                "disk checkpoint (checkpoint.every_steps)",
-                config.faults.snapshot_every_steps,
                 launch.launcher,
             )
         if doors is not None:
@@ -181,7 +188,7 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             launch_mode=launch.launcher,
             log=log,
             hosts=hosts,
-            resume_from=announced["resume"],
+            resume_from=resume_from,
             allow_changes=plan.allow_changes,
             heartbeat=watch.heartbeat,
             restart=launch.restart,
@@ -189,6 +196,8 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         try:
             with stop_on_signals(log):
                 results = run_job(ctx)
+            if hosts.ranks(hosts.host_of[rank])[0] == rank:  # the job is done: free the memory
+                remove_host_snapshots(paths)
         except RunStopped as exc:
             log.info("%s", exc)
             raise

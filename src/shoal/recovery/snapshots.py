@@ -23,10 +23,8 @@ not; on one machine every possible holder, worker or launcher, lives in the same
 memory, so a copy on a peer rank there survives exactly what the tmpfs copy
 survives (any worker's death) and dies with it (the machine's). The ring has one
 member: the machine's memory, held by the one process that outlives the
-workers. Across hosts the ring's members must be on different hosts (a copy of
-the state on a rank of the next host); that part is not built yet: under torchrun
-or Slurm no snapshot is taken (rank 0 says so in one line) and a restart resumes
-from the newest disk checkpoint.
+workers. Across hosts (torchrun, Slurm) the ring's members are on different
+hosts: recovery/replicas.py.
 
 Rank 0 writes (as for checkpoints); the snapshot costs one gather of the
 per-rank parts and one serialization of the state into memory per
