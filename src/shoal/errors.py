@@ -13,6 +13,11 @@ EXIT_USER_ERROR = 2
 EXIT_HALTED = 3
 
 
+class PeerFailed(RuntimeError):
+    """A failure this rank saw because another rank failed (it died, hung, or gave up a
+    collective step): a consequence, which the launcher never names as the cause."""
+
+
 class ShoalError(Exception):
     """A problem the user can fix: bad config, bad data file, bad command line."""
 

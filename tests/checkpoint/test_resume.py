@@ -84,6 +84,38 @@ def test_keep_last_and_no_partial_checkpoints(runs: Path) -> None:
     assert len(state["rng"]) == 1
 
 
+class _Killed(BaseException):
+    """Stands for the process dying (SIGKILL) in the middle of a deletion."""
+
+
+def test_a_run_killed_while_pruning_resumes_from_its_newest_checkpoint(
+    runs: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Found by the hostile suite under load: a launcher killed while it deleted an old
+    checkpoint left `step-*` without meta.json, and resume refused the run as damaged."""
+    import shoal.checkpoint.manager as manager
+
+    real_rmtree = manager.shutil.rmtree
+
+    def dies_half_way(path: Path, ignore_errors: bool = False) -> None:
+        meta = Path(path) / "meta.json"
+        if meta.is_file():  # deleting a whole checkpoint: meta.json goes, then the process
+            meta.unlink()
+            raise _Killed
+        real_rmtree(path, ignore_errors=ignore_errors)
+
+    monkeypatch.setattr(manager.shutil, "rmtree", dies_half_way)
+    with pytest.raises(_Killed):
+        shoal.train(small_job(runs, checkpoint={"every_steps": 4, "keep_last": 2}))
+    monkeypatch.undo()
+    run = next(runs.iterdir())
+    names = sorted(p.name for p in (run / "checkpoints").iterdir())
+    assert names == [".step-00000004.pruned.tmp", "step-00000008", "step-00000012"], names
+    results = shoal.train(resume=str(run))  # the newest complete checkpoint, no refusal
+    assert results["steps"] == 26
+    assert not list((run / "checkpoints").glob(".step-*")), "the next save removes the remains"
+
+
 def test_corrupt_checkpoint_is_refused_with_a_clear_message(runs: Path) -> None:
     results = shoal.train(small_job(runs))
     state_file = Path(results["checkpoint"]) / "state.pt"

@@ -8,6 +8,7 @@ test fails with the failing rank's traceback.
 from __future__ import annotations
 
 import datetime
+import faulthandler
 import os
 import sys
 import time
@@ -23,6 +24,9 @@ from shoal.launch.process_group import loopback_interface
 from shoal.launch.start import forkserver_context
 
 TIMEOUT_S = 60.0
+#: a rank still running after this long prints every thread's stack to its stderr (shown by
+#: pytest when the test fails): a rare hang then says where each rank was waiting
+STACKS_AFTER_S = 25.0
 
 
 def run_in_group(world_size: int, fn: Callable[..., None], tmp_path: Path, *args: Any) -> list[int]:
@@ -51,6 +55,7 @@ def _entry(
     if loopback:
         os.environ["GLOO_SOCKET_IFNAME"] = loopback
     torch.set_num_threads(1)
+    faulthandler.dump_traceback_later(STACKS_AFTER_S, exit=False)
     store = dist.FileStore(store_path, world_size)
     dist.init_process_group(
         "gloo",

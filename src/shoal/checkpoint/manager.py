@@ -222,7 +222,14 @@ class CheckpointManager:
         fsync_dir(self.directory)
 
     def _prune(self) -> None:
+        """Remove checkpoints beyond `keep_last`. Each is renamed out of the `step-*` names
+        first (one atomic rename), then deleted: a process killed in the middle of deleting
+        one leaves a `.step-*.tmp` folder, which the next save removes, and never a `step-*`
+        folder without its meta.json, which resume would rightly refuse as damaged."""
         for old in list_checkpoints(self.directory)[: -self.keep_last]:
-            shutil.rmtree(old, ignore_errors=True)
+            doomed = old.with_name(f".{old.name}.pruned.tmp")
+            shutil.rmtree(doomed, ignore_errors=True)
+            old.rename(doomed)
+            shutil.rmtree(doomed, ignore_errors=True)
         for stale in self.directory.glob(".step-*.tmp"):
             shutil.rmtree(stale, ignore_errors=True)

@@ -45,6 +45,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.distributed as dist
 
+from shoal.errors import PeerFailed
 from shoal.runtime.hosts import Hosts
 
 _SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
@@ -66,7 +67,7 @@ def describe_failure(exc: BaseException) -> str:
     return cause[0] if cause else type(exc).__name__
 
 
-class PeerTimeout(RuntimeError):
+class PeerTimeout(PeerFailed):
     """A message or collective did not complete in time, or its peer failed: the message
     names the operation, this rank, the peer (or the group) and the timeout field."""
 

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint.atomic import atomic_write_json
-from shoal.errors import EXIT_FAILURE, ShoalError
+from shoal.errors import EXIT_FAILURE, PeerFailed, ShoalError
 
 #: less free space than this on the run's disk: a failed write is blamed on a full disk
 FULL_BYTES = 1 << 20
@@ -26,6 +26,8 @@ _COMM_HINTS = ("gloo", "nccl", "connection closed", "connection reset", "timed o
 
 def is_communication_error(exc: BaseException) -> bool:
     """A failure caused by a peer (it died, or a collective timed out), not by this rank."""
+    if isinstance(exc, PeerFailed):
+        return True
     try:
         import torch.distributed as dist
 

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from shoal.errors import DataError
+from shoal.errors import DataError, PeerFailed
+from shoal.launch.reports import is_communication_error
 from shoal.strategies.parameter_server.config import (
     FileShardingConfig,
     HashShardingConfig,
@@ -222,6 +223,19 @@ def test_a_shard_is_saved_only_inside_the_run_directory(tmp_path: Path) -> None:
     (refused,) = server.receive(Message(save, 0, blob=str(tmp_path.parent).encode()), 0.0)
     assert reply.header.op == Op.REPLY and refused.header.op == Op.ERROR
     assert "outside the run directory" in refused.blob.decode()
+
+
+def test_a_save_given_up_by_its_worker_fails_as_a_consequence_not_a_cause(tmp_path: Path) -> None:
+    """The worker that asked for a shard removes the checkpoint's temporary folder when another
+    rank fails during the save; the server then fails writing into it. That failure is a
+    consequence: the launcher must name the rank that failed first, not this server."""
+    server = _server("async", None)
+    server.save_root = tmp_path.resolve()
+    gone = tmp_path / ".step-00000006.tmp"
+    save = Header(Op.SAVE, 0, 0, fresh=True)
+    with pytest.raises(PeerFailed, match=r"server 0: the checkpoint folder .* was removed") as err:
+        server.receive(Message(save, 0, blob=str(gone).encode()), 0.0)
+    assert is_communication_error(err.value)
 
 
 def test_row_optimizers_match_their_definitions() -> None:

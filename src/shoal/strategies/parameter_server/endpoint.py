@@ -101,6 +101,7 @@ class Channels:
         self.expected: collections.defaultdict[int, int] = collections.defaultdict(lambda: 1)
         self.closed: dict[int, str] = {}
         self.heard = time.monotonic()  # when the last header arrived
+        self.last: dict[int, tuple[int, float]] = {}  # rank -> (its last header's seq, when)
         self.reading: set[int] = set()  # ranks whose payload is awaited (its own timeout)
 
     def receive(self, source: int) -> Message | Rejected:
@@ -111,7 +112,15 @@ class Channels:
             NO_DEADLINE_S
         )
         self.heard = time.monotonic()
+        self.last[source] = (int(raw[3]), self.heard)
         return self.read(raw, source)
+
+    def last_heard(self, rank: int, now: float) -> str:
+        """What was last heard from `rank`, for the error that names a silent worker."""
+        if rank not in self.last:
+            return f"worker {rank} sent nothing"
+        seq, when = self.last[rank]
+        return f"worker {rank} last sent message {seq} {now - when:.1f} s ago"
 
     def read(self, raw: torch.Tensor, source: int) -> Message | Rejected:
         if source in self.closed:
@@ -260,10 +269,11 @@ class ServerEndpoint:
                 silent = now - max(last_heard, self.channels.heard) > self.timeout_s
                 if silent and not self.channels.reading:
                     expected = [w for w, done in enumerate(server.finished) if not done]
+                    heard = "; ".join(self.channels.last_heard(w, now) for w in expected)
                     raise PeerTimeout(
                         f"server {server.index}: no request from any worker for "
                         f"{self.timeout_s:g} s (faults.timeout_s); still expected: workers "
-                        f"{expected}"
+                        f"{expected} ({heard})"
                     )
                 continue
             last_heard = now

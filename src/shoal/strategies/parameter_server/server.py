@@ -42,6 +42,7 @@ import numpy as np
 import torch
 
 from shoal.checkpoint.atomic import atomic_write_bytes
+from shoal.errors import PeerFailed
 from shoal.strategies.parameter_server.row_optimizers import RowOptimizer
 from shoal.strategies.parameter_server.wire import (
     ANSWERED,
@@ -443,7 +444,16 @@ class ShardServer:
         torch.save(self.shard_state(clock), buffer)
         data = buffer.getvalue()
         name = shard_file_name(self.index, self.num_servers)
-        atomic_write_bytes(Path(folder) / name, data)
+        try:
+            atomic_write_bytes(Path(folder) / name, data)
+        except FileNotFoundError as exc:
+            if target.exists():
+                raise
+            raise PeerFailed(
+                f"server {self.index}: the checkpoint folder {folder} was removed while this "
+                "server wrote its shard: the worker that asked for it gave the save up (another "
+                "rank failed)"
+            ) from exc
         return json.dumps({"file": name, "sha256": hashlib.sha256(data).hexdigest()}).encode()
 
 
