@@ -104,17 +104,21 @@ def start_torchrun(
     hosts: list[Host] | None = None,
     args: tuple[str, ...] = (),
     env: dict[str, str] | None = None,
+    nnodes: str | None = None,
+    torchrun_args: tuple[str, ...] = (),
 ) -> ClusterRun:
-    """One torchrun per host, rendezvous (c10d) on the first host at a port free there."""
+    """One torchrun per host, rendezvous (c10d) on the first host at a port free there.
+    `nnodes` (default: every host) may be elastic ("1:2"); `torchrun_args` go to torchrun
+    (`--max-restarts`, `--rdzv-conf`), `args` to shoal."""
     hosts = hosts or cluster.hosts
     job, run_dir = write_job(config, folder, name)
     port = cluster.free_port(hosts[0])
     run = ClusterRun(cluster, run_dir, folder, port=port)
     for host in hosts:
         cmd = [
-            TORCHRUN, "--nnodes", str(len(hosts)), "--nproc-per-node", str(nproc_per_node),
+            TORCHRUN, "--nnodes", nnodes or str(len(hosts)), "--nproc-per-node", str(nproc_per_node),
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{hosts[0].name}:{port}",
-            "-m", "shoal", "train", str(job), *args,
+            *torchrun_args, "-m", "shoal", "train", str(job), *args,
         ]  # fmt: skip
         run.start(host, cmd, clean_env(**(env or {})), f"{name}-{host.name}")
     return run

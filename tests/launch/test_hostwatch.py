@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import logging
 import time
+from pathlib import Path
 from typing import Any
 
 import torch.distributed as dist
 
 from shoal.config.sections import FaultsConfig
 from shoal.launch.hostwatch import HostWatch, StoreAddress, lost_message
+from shoal.recovery.status import StatusBoard, read_status, status_lines
+from shoal.run import create_run_dir
 from shoal.runtime.auth import Signer
 from shoal.runtime.hosts import Hosts
 
@@ -32,8 +35,11 @@ def test_the_message_names_whole_hosts_with_their_ranks_and_single_ranks() -> No
     )
 
 
-def watches(master: dist.TCPStore, verdicts: dict[int, str], key: str) -> list[HostWatch]:
-    """Ranks 0 and 1 on hosts h0 and h1; `key`: the attempt's key (every attempt has its own)."""
+def watches(
+    master: dist.TCPStore, verdicts: dict[int, str], key: str, board: StatusBoard | None = None
+) -> list[HostWatch]:
+    """Ranks 0 and 1 on hosts h0 and h1; `key`: the attempt's key (every attempt has its own);
+    `board`: rank 0 keeps status.json there, in the job's first restart."""
     signer = Signer(key * 32)
     log = logging.getLogger("test-hostwatch")
     return [
@@ -45,6 +51,9 @@ def watches(master: dist.TCPStore, verdicts: dict[int, str], key: str) -> list[H
             signer,
             log,
             on_lost=lambda message, rank=rank: verdicts.__setitem__(rank, message),
+            board=board if rank == 0 else None,
+            restarts=1,
+            max_restarts=2,
         )
         for rank in range(2)
     ]
@@ -98,3 +107,47 @@ def test_a_store_that_stops_answering_names_its_host() -> None:
     finally:
         for watch in running:
             watch.finish(ok=False)
+
+
+def _ranks(paths: Any) -> list[tuple[Any, ...]]:
+    data = read_status(paths)
+    return [(r["rank"], r["role"], r["state"], r["step"]) for r in data["ranks"]]
+
+
+def test_rank_0_keeps_status_json_from_every_rank_s_heartbeat(tmp_path: Path) -> None:
+    """Under torchrun or Slurm `shoal status` reads what rank 0's watch saw: every rank's
+    role, state and step while the job runs, done at its end, a lost rank as failed."""
+    paths = create_run_dir(tmp_path, "run")
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    verdicts: dict[int, str] = {}
+    board = StatusBoard(paths, max_restarts=2)
+    running: list[Any] = watches(master, verdicts, "d", board)
+    running[1].heartbeat.role = "server"
+    running[1].heartbeat.beat(7)
+    with running[1].heartbeat.doing("evaluating"):
+        deadline = time.monotonic() + 5.0
+        while (1, "server", "evaluating", 7) not in _ranks(paths) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _ranks(paths) == [(0, "worker", "starting", -1), (1, "server", "evaluating", 7)]
+    assert read_status(paths)["state"] == "running"
+    running[1].finish(ok=True)
+    running[0].finish(ok=True)
+    data = read_status(paths)
+    assert (data["state"], data["restarts"], data["max_restarts"]) == ("done", 1, 2)
+    assert [r["state"] for r in data["ranks"]] == ["done", "done"]
+    header, _, *rows = status_lines(paths)
+    assert header.endswith(": done; restarts 1 of 2 (faults.max_restarts)") and len(rows) == 2
+
+    lost: list[Any] = watches(master, verdicts, "e", board)
+    try:
+        lost[1]._stop.set()  # rank 1's host goes silent
+        lost[1].heartbeat.stop()
+        wait_for(verdicts, 0, 5.0)
+        data = read_status(paths)
+        # torchrun has restarts left (1 of 2 used): it starts the job again
+        assert data["state"] == "restarting"
+        assert [r["state"] for r in data["ranks"]] == ["starting", "failed"]
+    finally:
+        for watch in lost:
+            watch.finish(ok=False)
+    del master

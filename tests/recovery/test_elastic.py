@@ -13,10 +13,11 @@ from tests.hostile.jobs import finish, no_worker_left, start, write_job
 from tests.recovery.chaos import assert_identical, chaos_job, events, strike
 
 
-def _three_workers(faults: dict[str, Any]) -> dict[str, Any]:
+def elastic_job(faults: dict[str, Any], workers: int = 3) -> dict[str, Any]:
+    """The chaos job on `workers` data-parallel workers, every checkpoint kept."""
     sections = chaos_job(0)
-    sections["strategy"] = {"type": "data_parallel", "num_replicas": 3}
-    sections["checkpoint"] = {"every_steps": 7, "keep_last": 100}
+    sections["strategy"] = {"type": "data_parallel", "num_replicas": workers}
+    sections["checkpoint"] = {"every_steps": 7, "keep_last": 1000}
     sections["faults"] = faults
     return sections
 
@@ -26,7 +27,7 @@ def test_a_worker_lost_for_good_leaves_the_job_on_two_with_the_same_problem(
 ) -> None:
     faults = {"max_restarts": 2, "restart_backoff_s": 0.1, "min_workers": 2,
               "max_rank_failures": 1}  # fmt: skip
-    config = write_job(tmp_path, **_three_workers(faults))
+    config = write_job(tmp_path, **elastic_job(faults))
     run_dir = tmp_path / "runs" / "job"
     launcher = start("train", str(config), cwd=tmp_path)
     strike(launcher, run_dir, 0, 40, rank=2)
@@ -44,7 +45,7 @@ def test_a_worker_lost_for_good_leaves_the_job_on_two_with_the_same_problem(
 
     # the same path taken by hand: 3 workers up to that checkpoint, then 2 from it
     ref = tmp_path / "ref"
-    shoal.train(_three_workers({}) | {"run": {"dir": str(ref), "name": "ref"}})
+    shoal.train(elastic_job({}) | {"run": {"dir": str(ref), "name": "ref"}})
     checkpoint = ref / "ref" / "checkpoints" / f"step-{step:08d}"
     reference = shoal.train(resume=checkpoint, workers=2)
     assert results["steps"] == reference["steps"]
@@ -56,14 +57,45 @@ def test_a_worker_lost_for_good_leaves_the_job_on_two_with_the_same_problem(
     no_worker_left(run_dir)
 
 
+def test_a_lost_federated_worker_s_clients_move_to_the_others(tmp_path: Path) -> None:
+    """Clients 2 and 5 lived on worker 2 (client c on worker c mod 3); once it is given up
+    they live on workers 0 and 1, and every round from the resumed one equals that round
+    of a run resumed by hand with 2 workers (the same fixed order of aggregation)."""
+    sections = chaos_job(0)
+    sections["strategy"] = {"type": "federated", "workers": 3, "num_clients": 6, "rounds": 8,
+                            "local_epochs": 1}  # fmt: skip
+    sections["train"] = {**sections["train"], "epochs": None}  # the length is strategy.rounds
+    sections["checkpoint"] = {"every_steps": 2, "keep_last": 100}
+    faults = {"max_restarts": 1, "restart_backoff_s": 0.1, "min_workers": 2,
+              "max_rank_failures": 1, "inject": {"rank": 2, "step": 5, "kind": "exit"}}  # fmt: skip
+    run_dir = tmp_path / "runs" / "fed"
+    results = shoal.train(sections | {"faults": faults, "run": {"dir": str(run_dir.parent),
+                                                                 "name": "fed"}})  # fmt: skip
+    assert results["world_size"] == 2 and results["restarts"] == 1
+    records = events(run_dir)
+    membership = [e for e in records if e["event"] == "membership"]
+    assert [(e["lost_rank"], e["workers"]) for e in membership] == [(2, 2)]
+    step = int(next(e for e in records if e["event"] == "restart")["resume_step"])
+    assert step == 4  # the newest checkpoint before round 5
+    assert "clients [0, 2, 4] hosted here" in (run_dir / "logs" / "rank-0.log").read_text()
+
+    ref = tmp_path / "ref"
+    shoal.train(sections | {"run": {"dir": str(ref), "name": "ref"}})
+    reference = shoal.train(resume=ref / "ref" / "checkpoints" / f"step-{step:08d}", workers=2)
+    assert results["rounds"] == reference["rounds"] == 8
+    ours, theirs = final_state(results), final_state(reference)
+    for part in ("model", "server", "federated", "progress"):
+        assert_identical(ours[part], theirs[part], part)
+
+
 def test_min_workers_is_refused_for_a_strategy_that_cannot_shrink(tmp_path: Path) -> None:
     sections = chaos_job(2)
-    sections["strategy"] = {"type": "federated", "workers": 2, "num_clients": 4, "rounds": 2}
+    sections["strategy"] = {"type": "population_based", "workers": 2,
+                            "search_space": {"lr": {"kind": "log", "low": 0.01, "high": 0.1}}}  # fmt: skip
     sections["faults"] = {"max_restarts": 2, "min_workers": 1}
-    sections["train"] = {"epochs": None}  # the length is strategy.rounds
     done = run_shoal("train", str(write_job(tmp_path, **sections)), cwd=tmp_path)
     assert done.returncode == 2
     assert done.stderr.strip() == (
-        "faults.min_workers: strategy 'federated' cannot go on with fewer workers than it "
-        "started with; remove min_workers (restarts keep every worker)"
+        "faults.min_workers: strategy 'population_based' cannot go on with fewer workers than "
+        "it started with; remove min_workers (restarts keep every worker)"
     )

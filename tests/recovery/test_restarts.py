@@ -12,7 +12,7 @@ import pytest
 import shoal
 from shoal.run import RunPaths
 from shoal.run.lock import RunInUse, RunLock
-from tests.conftest import final_state, run_shoal
+from tests.conftest import final_state, run_shoal, small_job
 from tests.hostile.jobs import finish, no_worker_left, start, wait_for, write_job
 from tests.recovery.chaos import assert_identical, chaos_job, current_step, events, strike
 
@@ -94,3 +94,19 @@ def test_restarts_stop_at_max_restarts(tmp_path: Path) -> None:
         "(after 1 restarts: faults.max_restarts = 1)"
     )
     no_worker_left(run_dir)
+
+
+def test_a_job_inside_this_process_says_in_one_line_that_it_cannot_restart(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    faults = {"max_restarts": 3}
+    results = shoal.train(small_job(tmp_path, faults=faults))
+    assert results["steps"] > 0  # it trains all the same
+    warnings = [x for x in capsys.readouterr().err.splitlines() if x.startswith("shoal: warning")]
+    assert warnings == [
+        "shoal: warning: faults.max_restarts = 3 does nothing here: strategy 'local' trains "
+        "inside this process, which cannot restart itself; for automatic restarts run it in one "
+        'worker process: [strategy] type = "data_parallel", num_replicas = 1 (the same training)'
+    ]
+    shoal.train(small_job(tmp_path, faults={"max_restarts": 0}))  # the default: no warning
+    assert "shoal: warning" not in capsys.readouterr().err

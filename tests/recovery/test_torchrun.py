@@ -19,7 +19,7 @@ import tomli_w
 
 import shoal
 from shoal.launch.processes import descendants, environ
-from tests.conftest import final_state, small_job
+from tests.conftest import final_state, run_shoal, small_job
 from tests.hostile.jobs import finish, wait_for, wait_for_step
 from tests.recovery.chaos import assert_identical
 
@@ -59,6 +59,10 @@ def test_a_job_torchrun_restarts_resumes_its_own_run_exactly(runs: Path, tmp_pat
     ours, theirs = final_state(results), final_state(reference)
     for part in ("model", "optimizer", "progress"):
         assert_identical(ours[part], theirs[part], part)
+    # `shoal status` reads what rank 0 wrote under torchrun: the restart, both ranks done
+    header, _, *rows = run_shoal("status", str(runs / "tr"), cwd=tmp_path).stdout.splitlines()
+    assert header.endswith(": done; restarts 1 of 1 (faults.max_restarts)"), header
+    assert [row.split()[:3] for row in rows] == [["0", "worker", "done"], ["1", "worker", "done"]]
 
 
 def test_a_stopped_rank_under_torchrun_is_named_within_the_heartbeat_timeout(

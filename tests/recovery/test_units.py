@@ -81,3 +81,46 @@ def test_status_lines_name_every_rank_and_a_launcher_that_is_gone(tmp_path: Path
     assert "its launcher is gone" in status_lines(paths)[0]
     with pytest.raises(ShoalError, match=r"status\.json: missing"):
         status_lines(create_run_dir(tmp_path, "other"))
+
+
+def test_a_torchrun_restart_with_fewer_workers_goes_on_only_down_to_min_workers(
+    tmp_path: Path,
+) -> None:
+    from shoal.recovery.rejoin import check_membership
+
+    paths = create_run_dir(tmp_path, "run")
+    elastic = FaultsConfig(min_workers=2)
+    assert check_membership(elastic, 4, 4, 1, 21, paths, elastic=True) is None
+    assert check_membership(elastic, 4, 2, 1, 21, paths, elastic=True) == (
+        "torchrun started the job again (restarts 1): it goes on with 2 workers from 4 "
+        "(faults.min_workers = 2), resumed at step 21 with the same global batch"
+    )
+    with pytest.raises(ShoalError, match=r"with 1 workers, fewer than faults.min_workers = 2"):
+        check_membership(elastic, 2, 1, 2, 28, paths, elastic=True)
+    with pytest.raises(ShoalError, match=r"faults.min_workers = 0 never shrinks a job"):
+        check_membership(FaultsConfig(), 4, 2, 1, 21, paths, elastic=True)
+    assert check_membership(elastic, 2, 4, 3, 35, paths, elastic=True) == (
+        "torchrun started the job again (restarts 3): it grows back to 4 workers from 2, "
+        "resumed at step 35 with the same global batch"
+    )
+    records = [json.loads(x) for x in paths.metrics.read_text().splitlines()]
+    assert [(r["event"], r["was"], r["workers"], r["step"]) for r in records] == [
+        ("membership", 4, 2, 21),
+        ("membership", 2, 4, 35),
+    ]
+
+
+def test_a_snapshot_replica_travels_as_plain_bytes_and_refuses_a_path(tmp_path: Path) -> None:
+    from shoal.recovery.replicas import pack, replica_peer, unpack_into
+    from shoal.runtime.hosts import Hosts
+
+    snapshot = _fake_checkpoint(tmp_path / "rank0", 12)
+    kept = tmp_path / "peer"
+    _fake_checkpoint(kept, 9)  # an older replica: replaced
+    copy = unpack_into(pack(snapshot), kept, snapshot.name)
+    assert [p.name for p in kept.iterdir()] == [snapshot.name]
+    assert newest_state(create_run_dir(tmp_path, "run"), None, kept).path == str(copy)
+    with pytest.raises(ShoalError, match=r"a bad file entry '../x'"):
+        unpack_into(b"\x04\x00../x" + (0).to_bytes(8, "little"), kept, "step-00000013")
+    assert replica_peer(Hosts.consecutive(4, 2)) == 2  # rank 0's host -> the next host's first
+    assert replica_peer(Hosts.single(4)) is None  # one host: the launcher's tmpfs (snapshots.py)

@@ -185,7 +185,8 @@ class FaultsConfig(ConfigModel):
         ge=0,
         description="Keep the job's state in memory (tmpfs) every N steps, so that a restart "
         "(max_restarts) loses at most N steps instead of everything since the last disk "
-        "checkpoint. 0: no snapshots. Only with shoal's own launcher.",
+        "checkpoint. 0: no snapshots. Under torchrun or Slurm each host keeps them in its "
+        "memory, with a copy on the next host.",
     )
     min_workers: int = Field(
         0,

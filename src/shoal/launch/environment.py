@@ -35,6 +35,8 @@ class ExternalLaunch:
     #: torchrun: how many times it restarted the job (recovery/rejoin.py), and its run id
     restart: int = 0
     run_id: str = ""
+    #: torchrun's `--max-restarts` (what `shoal status` says restarts are out of)
+    max_restarts: int = 0
 
 
 def external_launch(env: Mapping[str, str] | None = None) -> ExternalLaunch | None:
@@ -47,6 +49,7 @@ def external_launch(env: Mapping[str, str] | None = None) -> ExternalLaunch | No
         except ValueError:
             raise ShoalError(f"MASTER_PORT={env['MASTER_PORT']!r}: not a port number") from None
         restart = env.get("TORCHELASTIC_RESTART_COUNT", "0")
+        most = env.get("TORCHELASTIC_MAX_RESTARTS", "0")
         return ExternalLaunch(
             "torchrun",
             Placement.from_env(env),
@@ -55,6 +58,7 @@ def external_launch(env: Mapping[str, str] | None = None) -> ExternalLaunch | No
             attempt=f"torchrun-{restart}",
             restart=int(restart) if restart.isdigit() else 0,
             run_id=env.get("TORCHELASTIC_RUN_ID", ""),
+            max_restarts=int(most) if most.isdigit() else 0,
         )
     step = SlurmStep.from_env(env)
     if step is None:

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.checkpoint.atomic import atomic_write_bytes
+from shoal.checkpoint.integrity import read_meta
 from shoal.config import ShoalConfig, dump_config
 from shoal.errors import JobFailed, RunStopped, ShoalError
 from shoal.launch.admission import Claim, job_signer, join
@@ -37,8 +38,10 @@ from shoal.launch.plan import JobPlan
 from shoal.launch.process_group import join_process_group, shutdown_process_group
 from shoal.launch.reports import is_communication_error, write_report
 from shoal.monitor.logs import close_logger, worker_logger
-from shoal.recovery.rejoin import mark_run, marked_run
+from shoal.recovery.rejoin import check_membership, mark_run, marked_run
+from shoal.recovery.replicas import newest_replica, remove_host_snapshots
 from shoal.recovery.restarts import newest_state
+from shoal.recovery.status import StatusBoard
 from shoal.run import RunPaths, create_run_dir
 from shoal.run.lock import RunLock
 from shoal.runtime.auth import Signer, new_secret
@@ -46,6 +49,7 @@ from shoal.runtime.collectives import World, barrier, broadcast_bytes
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
 from shoal.runtime.stop import stop_on_signals
+from shoal.strategies.registry import strategy_class
 
 
 def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
@@ -118,6 +122,21 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         paths.logs.mkdir(parents=True, exist_ok=True)  # other machines may not share the folder
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         barrier(peers)
+        resume_from = announced["resume"]
+        if launch.restart and config.faults.snapshot_every_steps:  # newer than the checkpoint?
+            floor = int(read_meta(Path(resume_from)).get("step", -1)) if resume_from else -1
+            snapshot = newest_replica(peers, hosts, paths, floor)
+            resume_from = str(snapshot) if snapshot is not None else resume_from
+        changed: dict[str, str | None] = {}
+        if rank == 0:  # the state resumed from is known everywhere now: its world size
+            try:
+                changed = {"line": _membership(plan, launch, world_size, paths, resume_from)}
+            except ShoalError as exc:
+                changed = {"error": str(exc)}
+        changed = json.loads(broadcast_bytes(peers, json.dumps(changed).encode()).decode())
+        if changed.get("error"):
+            failed = True
+            raise ShoalError(str(changed["error"]))
         log = worker_logger(rank, paths.log_file(rank))
         log.info(
             "rank %d of %d joined (%s, %s on %s; store %s); gloo listens on %s; hosts: %s",
@@ -138,6 +157,15 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
                 world_size,
                 world_size,
             )
+        if changed.get("line"):
+            log.warning("%s", changed["line"])
+        if rank == 0 and config.faults.max_restarts:
+            log.warning(
+                "faults.max_restarts = %d is shoal's own launcher's: under %s, restarts are "
+                "the launcher's (torchrun --max-restarts)",
+                config.faults.max_restarts,
+                launch.launcher,
+            )
         if doors is not None:
             for line in doors.refusals:
                 log.warning("%s", line)
@@ -145,6 +173,8 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         watch = HostWatch(
             StoreAddress(launch.master_addr, launch.master_port), rank, hosts, config.faults,
             beats, log, on_lost=lambda message: end_process(log, message), doors=doors,
+            board=StatusBoard(paths, launch.max_restarts) if rank == 0 else None,
+            restarts=launch.restart, max_restarts=launch.max_restarts,
         )  # fmt: skip
         ctx = WorkerContext(
             config=config,
@@ -158,7 +188,7 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             launch_mode=launch.launcher,
             log=log,
             hosts=hosts,
-            resume_from=announced["resume"],
+            resume_from=resume_from,
             allow_changes=plan.allow_changes,
             heartbeat=watch.heartbeat,
             restart=launch.restart,
@@ -166,6 +196,8 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         try:
             with stop_on_signals(log):
                 results = run_job(ctx)
+            if hosts.ranks(hosts.host_of[rank])[0] == rank:  # the job is done: free the memory
+                remove_host_snapshots(paths)
         except RunStopped as exc:
             log.info("%s", exc)
             raise
@@ -193,6 +225,20 @@ def _drawn_signer(peers: World) -> Signer:
     process group (whose members were all admitted), never through the store."""
     drawn = broadcast_bytes(peers, new_secret().encode() if peers.rank == 0 else None)
     return Signer(drawn)
+
+
+def _membership(
+    plan: JobPlan, launch: ExternalLaunch, world_size: int, paths: RunPaths, resume: str | None
+) -> str | None:
+    """Rank 0 of a job torchrun restarted: fewer or more workers than the state it resumes
+    from had (a host lost or back), as `[faults] min_workers` allows (recovery/rejoin.py)."""
+    if not launch.restart or resume is None:
+        return None
+    meta = read_meta(Path(resume))
+    was, step = int(meta.get("world_size", world_size)), int(meta.get("step", -1))
+    elastic = strategy_class(plan.config.strategy).elastic
+    faults = plan.config.faults
+    return check_membership(faults, was, world_size, launch.restart, step, paths, elastic)
 
 
 def _claim_run(plan: JobPlan, launch: ExternalLaunch, held: ExitStack) -> tuple[Path, str | None]:

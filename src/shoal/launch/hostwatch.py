@@ -23,7 +23,11 @@ before it stops beating, and is not taken for lost.
 Each rank reads every rank's key once per interval: world_size² small reads per
 interval on the store, fine for tens of hosts at a 1 s interval.
 
-On rank 0 the same thread answers late claims to join (launch/admission.py).
+On rank 0 the same thread answers late claims to join (launch/admission.py), and
+keeps the run's status.json (recovery/status.py) for `shoal status`, as shoal's own
+launcher does: it reads every rank's beat anyway, which says each rank's role,
+state and step. It cannot see other hosts' processes, so it names no pid but its
+own; a rank that finished, failed or was lost is what its done key or silence says.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import datetime
 import logging
+import os
 import socket
 import sys
 import threading
@@ -44,8 +49,9 @@ from shoal.config.sections import FaultsConfig
 from shoal.errors import EXIT_FAILURE
 from shoal.launch.admission import Doorkeeper
 from shoal.launch.process_group import exit_process
+from shoal.recovery.status import RankStatus, StatusBoard
 from shoal.runtime.auth import BadValue, Opener, Signer
-from shoal.runtime.heartbeat import Heartbeat, heartbeat_key, parse_beat
+from shoal.runtime.heartbeat import Beat, Heartbeat, heartbeat_key, parse_beat_detail
 from shoal.runtime.hosts import Hosts
 
 
@@ -68,9 +74,14 @@ class StoreAddress:
 
 
 def lost_message(
-    hosts: Hosts, silent: dict[int, float], timeout_s: float, store_down: str | None = None
+    hosts: Hosts,
+    silent: dict[int, float],
+    timeout_s: float,
+    store_down: str | None = None,
+    ending: str = "the job stops",
 ) -> str:
-    """One line naming what was lost: whole hosts with their ranks, or single ranks."""
+    """One line naming what was lost: whole hosts with their ranks, or single ranks; then
+    what happens to the job (`ending`)."""
     parts = []
     if store_down is not None:
         parts.append(store_down)
@@ -90,7 +101,7 @@ def lost_message(
                 f"{listed} on host {hosts.label(host)} stopped responding: no heartbeat "
                 f"for {gap:.1f} s"
             )
-    return "; ".join(parts) + f" (faults.heartbeat_timeout_s = {timeout_s:g}); the job stops"
+    return "; ".join(parts) + f" (faults.heartbeat_timeout_s = {timeout_s:g}); {ending}"
 
 
 class HostWatch:
@@ -106,9 +117,16 @@ class HostWatch:
         log: logging.Logger,
         on_lost: Callable[[str], None],
         doors: Doorkeeper | None = None,
+        board: StatusBoard | None = None,
+        restarts: int = 0,
+        max_restarts: int = 0,
     ) -> None:
         self.rank, self.hosts, self.faults, self.log = rank, hosts, faults, log
         self._signer, self._on_lost, self._doors = signer, on_lost, doors
+        self._board = board  # rank 0: status.json
+        self._restarts, self._max_restarts = restarts, max_restarts  # torchrun's, so far / most
+        self._beats: dict[int, Beat] = {}  # every rank's newest authentic beat
+        self._ended: dict[int, str] = {}  # rank -> done, failed (its done key) or lost
         self._store_at = store_at
         timeout = faults.heartbeat_timeout_s
         self.heartbeat = Heartbeat(
@@ -125,13 +143,14 @@ class HostWatch:
         self.verdict: str | None = None
         self._decided = threading.Event()
         self._stop = threading.Event()
+        self._write_status("running", every=None)  # `shoal status` works from the start
         self._thread = threading.Thread(target=self._run, name="shoal-hostwatch", daemon=True)
         self._thread.start()
 
     # ------------------------------------------------------------ the thread
     def _run(self) -> None:
         now = time.monotonic()
-        last_seen: dict[int, tuple[float, int]] = {}
+        last_seen: dict[int, Beat] = {}
         changed = {r: now for r in range(self.hosts.world_size)}
         store_ok = now
         store_error = ""
@@ -142,7 +161,7 @@ class HostWatch:
                 for rank in range(self.hosts.world_size):
                     beat = self._beat(rank)
                     if beat is not None and beat != last_seen.get(rank):
-                        last_seen[rank] = beat
+                        last_seen[rank] = self._beats[rank] = beat
                         changed[rank] = now
                 if self._store.add(failed_key(self._signer), 0) > 0:
                     self._decided.set()  # a peer failed and says why: nothing to explain
@@ -171,15 +190,24 @@ class HostWatch:
                 store_down = self._store_lost(now - store_ok, store_error)
                 silent = {}  # nothing read: the beats say nothing
             if silent or store_down:
-                self._decide(lost_message(self.hosts, silent, timeout, store_down))
+                self._ended.update(dict.fromkeys(silent, "failed"))
+                self._write_status(self._ending(), every=None)
+                ending = "the job stops"
+                if self._restarts < self._max_restarts:  # torchrun's elastic agent goes on
+                    ending = (
+                        f"this attempt stops and torchrun starts the job again (restart "
+                        f"{self._restarts + 1} of {self._max_restarts}, --max-restarts)"
+                    )
+                self._decide(lost_message(self.hosts, silent, timeout, store_down, ending))
                 return
+            self._write_status("running", every=None)
 
-    def _beat(self, rank: int) -> tuple[float, int] | None:
+    def _beat(self, rank: int) -> Beat | None:
         key = heartbeat_key(self._signer, rank)
         if not self._store.check([key]):
             return None
         try:
-            return parse_beat(self._opener.open(key, self._store.get(key)))
+            return parse_beat_detail(self._opener.open(key, self._store.get(key)))
         except BadValue:
             return None  # not authentic: never counts as a sign of life
 
@@ -189,7 +217,8 @@ class HostWatch:
             key = done_key(self._signer, rank)
             try:
                 if self._store.check([key]):
-                    self._opener.open(key, self._store.get(key))
+                    said = self._opener.open(key, self._store.get(key))
+                    self._ended[rank] = "done" if said == b"ok" else "failed"
                     out.add(rank)
             except Exception:  # unreadable, or forged: the rank is not known to be done
                 continue
@@ -212,6 +241,33 @@ class HostWatch:
                 )
         return f"the job's store at {self._store_at} has not answered for {gap:.1f} s ({error})"
 
+    def _write_status(self, state: str, every: str | None) -> None:
+        """Rank 0: status.json as this watch sees the job (`every`: each rank's state)."""
+        if self._board is None:
+            return
+        ranks = []
+        for rank in range(self.hosts.world_size):
+            beat = self._beats.get(rank)
+            ended = every or self._ended.get(rank)
+            ranks.append(
+                RankStatus(
+                    rank=rank,
+                    role=beat.role if beat is not None else "-",
+                    state=ended or (beat.state if beat is not None else "starting"),
+                    step=beat.step if beat is not None else -1,
+                    beat=beat.wall if beat is not None else None,
+                    restarts=self._restarts,
+                    failures=0,  # who caused a failure is torchrun's to know, not this rank's
+                    pid=os.getpid() if rank == self.rank else None,
+                )
+            )
+        self._board.write(state, self._restarts, ranks)
+
+    def _ending(self) -> str:
+        """The job's state when this attempt fails: torchrun starts another while restarts
+        are left (`--max-restarts`), else the job failed."""
+        return "restarting" if self._restarts < self._max_restarts else "failed"
+
     def _decide(self, message: str) -> None:
         self.verdict = message
         self._decided.set()
@@ -232,6 +288,17 @@ class HostWatch:
         self._stop.set()
         if self._thread.is_alive() and self._thread is not threading.current_thread():
             self._thread.join(timeout=self.faults.heartbeat_interval_s + 5.0)
+        if self._board is not None:  # rank 0 ends last: the job's end, or this attempt's
+            with contextlib.suppress(Exception):  # the newest beats (a short job: the first)
+                for rank in range(self.hosts.world_size):
+                    beat = self._beat(rank)
+                    if beat is not None:
+                        self._beats[rank] = beat
+            if ok:
+                self._write_status("done", every="done")
+            else:
+                self._ended[self.rank] = "failed"
+                self._write_status(self._ending(), every=None)
         key = done_key(self._signer, self.rank)
         with contextlib.suppress(Exception):  # the store is gone: nobody is left to be told
             self._store.set(key, self._signer.seal(key, b"ok" if ok else b"failed").decode())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import torch
@@ -16,6 +17,7 @@ from shoal.run import RunPaths
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
 from shoal.runtime.stop import raise_now, stop_on_signals
+from shoal.strategies.registry import strategy_class
 
 
 def run_in_process(
@@ -27,7 +29,12 @@ def run_in_process(
             'faults.inject: the local strategy runs in this process; only kind = "raise" or '
             '"nan" on rank 0 can be injected (use strategy data_parallel to test exits and hangs)'
         )
+    warning = restarts_warning(config)
+    if warning:
+        print(f"shoal: warning: {warning}", file=sys.stderr, flush=True)
     log = worker_logger(0, paths.log_file(0))
+    if warning:
+        log.warning("%s", warning)
     threads_before = torch.get_num_threads()
     try:
         if config.run.threads_per_worker:
@@ -59,3 +66,32 @@ def run_in_process(
     finally:
         torch.set_num_threads(threads_before)
         close_logger(log)
+
+
+def restarts_warning(config: ShoalConfig) -> str | None:
+    """Why `[faults] max_restarts` (and snapshots) do nothing in this process, and what to do.
+
+    Restarts are the launcher's: it watches worker processes and starts new ones. A job
+    that runs inside the calling process has no launcher above it (the process that
+    would restart it is the one that died), so the fields are accepted, as in a config
+    shared with multi-worker runs, but said to be idle rather than silently ignored."""
+    faults = config.faults
+    idle = [f"max_restarts = {faults.max_restarts}"] if faults.max_restarts else []
+    if faults.snapshot_every_steps:
+        idle.append(f"snapshot_every_steps = {faults.snapshot_every_steps}")
+    if not idle:
+        return None
+    kind = config.strategy.type
+    field = strategy_class(config.strategy).workers_field
+    if kind == "local" or field is None:
+        how = (
+            'run it in one worker process: [strategy] type = "data_parallel", num_replicas = 1 '
+            "(the same training)"
+        )
+    else:
+        how = f"start worker processes: --workers 2 (strategy.{field})"
+    fields, verb = " and faults.".join(idle), "does" if len(idle) == 1 else "do"
+    return (
+        f"faults.{fields} {verb} nothing here: strategy '{kind}' trains inside this process, "
+        f"which cannot restart itself; for automatic restarts {how}"
+    )

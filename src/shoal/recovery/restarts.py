@@ -117,7 +117,7 @@ class RestartLog:
         """Record a failure (restarted or not)."""
         if failure.rank is not None:
             self.failures_by_rank[failure.rank] = self.failures_by_rank.get(failure.rank, 0) + 1
-        _append_metric(
+        append_event(
             self.paths.metrics,
             {
                 "event": "failure",
@@ -147,7 +147,7 @@ class RestartLog:
         }
         self.records.append(record)
         self._pending = record
-        _append_metric(self.paths.metrics, {"event": "restart", **record, "time": time.time()})
+        append_event(self.paths.metrics, {"event": "restart", **record, "time": time.time()})
         where = f"checkpoint step {point.step}" if point.path else "the job's start"
         return (
             f"{failure.reason}; restart {self.count} of {self.faults.max_restarts} "
@@ -160,7 +160,7 @@ class RestartLog:
         self.failures_by_rank.clear()
         record = {"event": "membership", "lost_rank": failure.rank, "workers": workers,
                   "step": failure.step, "time": time.time()}  # fmt: skip
-        _append_metric(self.paths.metrics, record)
+        append_event(self.paths.metrics, record)
         return (
             f"rank {failure.rank} failed {self.faults.max_rank_failures} times "
             f"(faults.max_rank_failures): the job goes on with {workers} workers "
@@ -178,7 +178,7 @@ class RestartLog:
         record["recovered"] = now
         record["recovery_s"] = round(now - record["detected"], 3)
         self._pending = None
-        _append_metric(
+        append_event(
             self.paths.metrics,
             {"event": "recovered", "restart": record["restart"], "step": step, "time": now,
              "recovery_s": record["recovery_s"]},
@@ -207,7 +207,7 @@ class RestartLog:
             atomic_write_json(self.paths.results, {**results, **self.section(), "counts": counts})
 
 
-def _append_metric(path: Path, record: dict[str, Any]) -> None:
+def append_event(path: Path, record: dict[str, Any]) -> None:
     """One line appended to metrics.jsonl (one write: it cannot interleave with rank 0's)."""
     try:
         with open(path, "a", encoding="utf-8") as handle:

@@ -17,6 +17,15 @@ byte. What it does not survive is the machine itself; disk checkpoints remain fo
 that. The launcher owns the folder: it creates it (mode 0700) before the first
 attempt and removes it when the job ends, however it ends.
 
+This is the ring of replicas (each rank's state also kept by a peer) in the case
+of one host. A replica is worth what its holder survives that the original does
+not; on one machine every possible holder, worker or launcher, lives in the same
+memory, so a copy on a peer rank there survives exactly what the tmpfs copy
+survives (any worker's death) and dies with it (the machine's). The ring has one
+member: the machine's memory, held by the one process that outlives the
+workers. Across hosts (torchrun, Slurm) the ring's members are on different
+hosts: recovery/replicas.py.
+
 Rank 0 writes (as for checkpoints); the snapshot costs one gather of the
 per-rank parts and one serialization of the state into memory per
 `snapshot_every_steps` steps (benchmarks/chaos.py measures it).

@@ -4,7 +4,10 @@ After the seeds' worker registry (`WorkerInfo`, `WorkerStatus`). The local
 launcher knows all of it (its workers' processes, their authenticated heartbeats,
 which say what each rank is doing and in which role, and its own restarts), so it
 keeps `status.json` in the run directory, rewritten atomically twice a second
-while the job runs and once more when it ends. `shoal status` reads that file: it
+while the job runs and once more when it ends. Under torchrun or Slurm there is no
+such launcher: rank 0's host watch (launch/hostwatch.py), which reads every rank's
+heartbeat anyway, keeps the same file once a heartbeat interval, and torchrun's
+restart count is the job's. `shoal status` reads that file: it
 needs no connection to the job, works the same while the job runs and after it
 ended, and reads nothing the workers wrote. A rank's state is one of
 starting, training, evaluating, checkpointing (what its heartbeat says), or
@@ -75,8 +78,9 @@ def read_status(paths: RunPaths) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ShoalError(
-            f"{path}: missing; only a job started by `shoal train` with shoal's own launcher "
-            "(2 or more workers) keeps one (under torchrun, read the ranks' logs)"
+            f"{path}: missing; a job keeps one once its worker processes started (shoal's "
+            "own launcher, torchrun or Slurm), never one trained inside the calling process "
+            "(strategy local)"
         ) from None
     except (OSError, ValueError) as exc:
         raise ShoalError(f"{path}: unreadable ({exc}); it is rewritten as the job runs") from None

@@ -29,6 +29,7 @@ from shoal.checkpoint.resume import open_resume
 from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
+from shoal.recovery.replicas import host_snapshot_dir, send_replica
 from shoal.recovery.snapshots import snapshot_dir
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
@@ -271,7 +272,9 @@ class Driver:
             return
         self._sync_time()
         with self._doing("checkpointing"):
-            manager.save(p.global_step, self._parts(), self._meta(), self._files())
+            written = manager.save(p.global_step, self._parts(), self._meta(), self._files())
+            if self.ctx.launch_mode != "shoal":  # across hosts: a copy on the next host
+                send_replica(self.ctx.rank, self.ctx.hosts, written, self.ctx.paths)
 
     def _save_best(self, manager: CheckpointManager) -> Path | None:
         """Collective: the current state into best/ (the selection calls it on improvement)."""
@@ -356,12 +359,15 @@ class Driver:
 
 
 def _snapshots(ctx: WorkerContext) -> tuple[CheckpointManager, int] | None:
-    """The manager of in-memory snapshots and their interval, when the job takes them (only
-    under shoal's own launcher, which owns the folder)."""
+    """The manager of in-memory snapshots and their interval, when the job takes them: in
+    the folder shoal's own launcher owns, or (torchrun, Slurm) in this host's memory with a
+    replica on the next host (recovery/replicas.py). Not in a run inside this process."""
     every = ctx.config.faults.snapshot_every_steps
-    if not every or ctx.launch_mode != "shoal":
+    if not every or ctx.launch_mode == "inprocess":
         return None
-    return CheckpointManager(ctx, 1, snapshot_dir(ctx.paths)), every
+    if ctx.launch_mode == "shoal":
+        return CheckpointManager(ctx, 1, snapshot_dir(ctx.paths)), every
+    return CheckpointManager(ctx, 1, host_snapshot_dir(ctx.paths, create=ctx.is_main)), every
 
 
 def finite(value: Any) -> Any:

@@ -33,6 +33,13 @@ class FederatedStrategy(Strategy):
         return config.strategy.workers
 
     workers_field: ClassVar[str | None] = "workers"
+    #: a worker given up (`[faults] min_workers`) takes no client with it: client c lives on
+    #: worker c mod workers, so the next attempt hosts the lost worker's clients on the
+    #: others, and every draw of a round is seeded by (seed, round, client), not by worker.
+    #: A round then equals the same round of a run that had that assignment from the
+    #: start (the sum of updates is grouped per worker, then over workers in rank order:
+    #: fixed for an assignment, but not the grouping of a run with more workers)
+    elastic: ClassVar[bool] = True
     resume_safe: ClassVar[tuple[str, ...]] = (
         "rounds",
         "balance",  # the clients' sum is exact: any placement gives the same model
