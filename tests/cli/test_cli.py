@@ -6,6 +6,8 @@ import json
 import tomllib
 from pathlib import Path
 
+import pytest
+
 from shoal.monitor.metrics import read_metrics
 from tests.conftest import REPO, run_shoal
 
@@ -90,6 +92,7 @@ def test_train_leaves_a_complete_run_directory(tmp_path: Path) -> None:
     assert (tmp_path / "runs" / "demo-2" / "results.json").is_file()
 
 
+@pytest.mark.slow  # suite budget: `train --resume` on the command line runs in test_run_lock[dp2]
 def test_resume_from_the_command_line(tmp_path: Path) -> None:
     base = [
         "--set",

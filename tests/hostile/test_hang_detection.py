@@ -13,6 +13,8 @@ import signal
 import time
 from pathlib import Path
 
+import pytest
+
 from shoal.config.sections import FaultsConfig
 from tests.hostile.jobs import (
     finish,
@@ -45,6 +47,7 @@ def test_a_sigstopped_worker_is_named_within_seconds(tmp_path: Path) -> None:
     no_worker_left(run_dir)
 
 
+@pytest.mark.slow  # suite budget: the sigstopped and hung-worker tests name a hang in make test
 def test_a_frozen_worker_is_found_within_the_default_heartbeat_timeout(tmp_path: Path) -> None:
     """kind = "hang" stops the heartbeat of a running process: no faults settings given."""
     assert FaultsConfig().heartbeat_timeout_s <= 5

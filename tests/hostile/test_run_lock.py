@@ -43,7 +43,11 @@ def _wait_for_checkpoint(run: Path, process: subprocess.Popen[bytes], timeout: f
     raise AssertionError(f"no checkpoint in {run} after {timeout} s")
 
 
-@pytest.mark.parametrize("strategy", [{"type": "local"}, data_parallel(2)], ids=["local", "dp2"])
+@pytest.mark.parametrize(
+    "strategy",
+    [pytest.param({"type": "local"}, marks=pytest.mark.slow), data_parallel(2)],  # one lock
+    ids=["local", "dp2"],
+)
 def test_one_writer_and_a_killed_holder_frees_the_run(
     runs: Path, tmp_path: Path, strategy: dict[str, Any]
 ) -> None:

@@ -64,8 +64,8 @@ def assert_stopped(run_dir: Path, code: int, err: str, signum: int) -> dict[str,
     ("target", "signum"),
     [
         ("launcher", signal.SIGTERM),
-        ("launcher", signal.SIGINT),
-        ("one worker", signal.SIGTERM),
+        pytest.param("launcher", signal.SIGINT, marks=pytest.mark.slow),  # as launcher-term
+        pytest.param("one worker", signal.SIGTERM, marks=pytest.mark.slow),  # as every-worker
         ("every worker", signal.SIGTERM),
     ],
     ids=["launcher-term", "launcher-int", "one-worker", "every-worker"],

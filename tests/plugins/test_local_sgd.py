@@ -49,6 +49,7 @@ def _train(tmp_path: Path, env: dict[str, str], name: str, strategy: dict[str, A
     return [r for r in records if r.get("event") == "train"]
 
 
+@pytest.mark.slow  # three CLI runs (18 s); the plugin's loading is in make test (dotted path)
 def test_local_sgd_with_k1_is_data_parallel_and_k3_averages(
     tmp_path: Path, env: dict[str, str]
 ) -> None:

@@ -19,8 +19,15 @@ MODEL = {"dim": 32, "heads": 4, "layers": 2, "context": 16}
 @pytest.mark.parametrize(
     ("strategy", "rank", "named"),
     [
-        ({"type": "tensor_parallel", "degree": 2}, 1, r"rank 1 \(tensor 1\)"),
-        ({"type": "fully_sharded", "degree": 2}, 0, r"rank 0 \(data 0\)"),
+        pytest.param(  # the 2x2 meshes below name the same way (suite budget)
+            {"type": "tensor_parallel", "degree": 2},
+            1,
+            r"rank 1 \(tensor 1\)",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            {"type": "fully_sharded", "degree": 2}, 0, r"rank 0 \(data 0\)", marks=pytest.mark.slow
+        ),
         (
             {"type": "hybrid", "mesh": {"data": 2, "tensor": 2}},
             3,
