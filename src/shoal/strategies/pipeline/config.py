@@ -7,6 +7,7 @@ valid, so each error names the field to change.
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from typing import Any, Literal
 
 from pydantic import Field, model_validator
@@ -80,14 +81,14 @@ class PipelineFields(StrategySection):
         return self.virtual_stages or 1
 
     @property
+    @abstractmethod
     def pipeline_ranks(self) -> int:
-        """Ranks along the pipeline (its stages, without virtual ones)."""
-        raise NotImplementedError  # pragma: no cover - each subclass says
+        """Ranks along the pipeline (its stages, without virtual ones): each config says."""
 
     @property
+    @abstractmethod
     def stages_field(self) -> tuple[str, ...]:
-        """The field that sets `pipeline_ranks` (for error messages)."""
-        raise NotImplementedError  # pragma: no cover - each subclass says
+        """The field that sets `pipeline_ranks` (for error messages): each config says."""
 
     @property
     def total_stages(self) -> int:
