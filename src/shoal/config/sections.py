@@ -193,7 +193,8 @@ class FaultsConfig(ConfigModel):
         ge=0,
         description="Elastic: when a worker cannot come back (it failed max_rank_failures "
         "times), go on with one worker fewer, down to this many, resumed from the newest "
-        "state with the same global batch (data_parallel). 0: never shrink.",
+        "state with the same global batch (data_parallel; federated moves the lost worker's "
+        "clients to the others). 0: never shrink.",
     )
     max_rank_failures: int = Field(
         2,
