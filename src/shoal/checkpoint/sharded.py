@@ -27,31 +27,24 @@ DCP's `.metadata` file is a pickle; it is read with an unpickler that builds
 only DCP's own metadata classes, torch sizes and dtypes (:class:`SafeReader`),
 so a checkpoint never runs code, as `torch.load(weights_only=True)` ensures for
 state.pt.
+
+The DCP code itself lives in :mod:`shoal.checkpoint.dcp_io`, imported only when a
+sharded model or checkpoint is in use (it costs every process that imports it 0.7 s).
 """
 
 from __future__ import annotations
 
-import pickle
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
-import torch.distributed.checkpoint as dcp
 from torch import nn
-from torch.distributed.checkpoint import FileSystemReader
-from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
-from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
-from torch.distributed.tensor import DTensor
 
-from shoal.checkpoint.integrity import CorruptCheckpoint, load_tensors
+from shoal.checkpoint.integrity import load_tensors
+from shoal.runtime.dtensors import is_dtensor
+
+if TYPE_CHECKING:
+    from shoal.checkpoint.dcp_io import ShardedModelPart
 
 #: the folder of a checkpoint that holds the DCP pieces, and the marker state.pt keeps
 SHARDED_DIR = "sharded"
@@ -60,121 +53,29 @@ MARKER = {"sharded": SHARDED_DIR}
 
 def is_sharded(model: nn.Module) -> bool:
     """True when some parameter is a DTensor (no rank holds the model whole)."""
-    return any(isinstance(p, DTensor) for p in model.parameters())
+    return any(is_dtensor(p) for p in model.parameters())
 
 
 def is_marker(state: Any) -> bool:
     return isinstance(state, dict) and state == MARKER
 
 
-class ShardedFiles:
-    """The collective file part: every rank saves its pieces of model and optimizer."""
+def sharded_part(model: nn.Module, optimizer: torch.optim.Optimizer) -> ShardedModelPart | None:
+    """The checkpoint part of a sharded model's parameters and optimizer state (None for a
+    plain model, whose state goes into state.pt)."""
+    if not is_sharded(model):
+        return None
+    from shoal.checkpoint.dcp_io import ShardedModelPart
 
-    collective = True
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
-
-    def write_files(self, folder: Path) -> dict[str, str]:
-        state = {
-            "model": get_model_state_dict(self.model),
-            "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
-        }
-        dcp.save(state, checkpoint_id=folder / SHARDED_DIR)
-        return {}  # the manager hashes every piece, whichever rank wrote it
-
-    def written(self) -> None:
-        """Nothing to wait for: `dcp.save` ends once every rank's pieces are written."""
-
-
-class ShardedModelPart:
-    """`model` of a sharded learner: the marker in state.pt, the pieces in `sharded/`."""
-
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> None:
-        self.model, self.optimizer = model, optimizer
-        self.loaded_optimizer: dict[str, Any] | None = None  # read with the model
-
-    def state_dict(self) -> dict[str, str]:
-        return dict(MARKER)
-
-    def load_state_dict(self, state: Any) -> None:
-        raise RuntimeError("a sharded model loads with its checkpoint folder (load_from)")
-
-    def load_from(self, state: Any, folder: Path) -> None:
-        if is_marker(state):
-            model = get_model_state_dict(self.model)
-            optimizer = get_optimizer_state_dict(self.model, self.optimizer)
-            target: dict[str, Any] = {"model": model, "optimizer": optimizer}
-            dcp.load(target, storage_reader=SafeReader(folder / SHARDED_DIR))
-            set_model_state_dict(self.model, model)
-            self.loaded_optimizer = dict(optimizer)
-            return
-        full = StateDictOptions(full_state_dict=True)
-        set_model_state_dict(self.model, state, options=full)
-        self.loaded_optimizer = None
-
-    def load_optimizer(self, state: Any) -> None:
-        """After `load_from`: the optimizer state read with the model, or a plain one."""
-        if is_marker(state):
-            assert self.loaded_optimizer is not None, "the model part loads first"
-            set_optimizer_state_dict(self.model, self.optimizer, self.loaded_optimizer)
-            self.loaded_optimizer = None
-            return
-        named = by_name(state, self.model, self.optimizer)
-        options = StateDictOptions(full_state_dict=True)
-        set_optimizer_state_dict(self.model, self.optimizer, named, options=options)
-
-
-def param_names(model: nn.Module, optimizer: torch.optim.Optimizer) -> list[str]:
-    """Parameter names in the order of the optimizer's groups (torch's state indices)."""
-    names = {id(p): name for name, p in model.named_parameters()}
-    return [names[id(p)] for group in optimizer.param_groups for p in group["params"]]
-
-
-def by_name(
-    state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
-) -> dict[str, Any]:
-    """torch's optimizer state dict (keyed by index) keyed by parameter name instead."""
-    names = param_names(model, optimizer)
-    return {
-        "state": {names[int(i)]: value for i, value in state["state"].items()},
-        "param_groups": [
-            {**g, "params": [names[int(i)] for i in g["params"]]} for g in state["param_groups"]
-        ],
-    }
-
-
-def by_index(
-    state: dict[str, Any], model: nn.Module, optimizer: torch.optim.Optimizer
-) -> dict[str, Any]:
-    """A name-keyed optimizer state dict (DCP's) keyed by torch's indices for `optimizer`."""
-    names = param_names(model, optimizer)
-    index = {name: i for i, name in enumerate(names)}
-    groups = state["param_groups"]
-    if len(groups) == 1 and len(optimizer.param_groups) == 1:
-        # one group holds every parameter. The ranks of a pipeline each save their own
-        # stage's group under the same key, of which DCP keeps one copy: its names are
-        # not all of them
-        groups = [{**groups[0], "params": names}]
-    return {
-        "state": {index[name]: value for name, value in state["state"].items()},
-        "param_groups": [
-            {**g, "params": sorted(index[name] for name in g["params"])} for g in groups
-        ],
-    }
+    return ShardedModelPart(model, optimizer)
 
 
 def read_full(folder: Path) -> dict[str, Any]:
     """The whole `{"model": ..., "optimizer": ...}` of a sharded checkpoint, as plain
     tensors, read by this process alone (no collective)."""
-    state: dict[str, Any] = {}
-    _load_state_dict(
-        state,
-        storage_reader=SafeReader(folder / SHARDED_DIR),
-        planner=_EmptyStateDictLoadPlanner(),
-        no_dist=True,
-    )
-    return state
+    from shoal.checkpoint.dcp_io import read_full_state
+
+    return read_full_state(folder)
 
 
 def plain_model_state(folder: Path, state: Any) -> dict[str, torch.Tensor]:
@@ -201,12 +102,10 @@ def load_model(model: nn.Module, state: Any, folder: Path) -> None:
     sharded or not, whichever kind of checkpoint it is (collective for a sharded model)."""
     if not is_sharded(model):
         model.load_state_dict(plain_model_state(folder, state))
-    elif is_marker(state):
-        target = {"model": get_model_state_dict(model)}
-        dcp.load(target, storage_reader=SafeReader(folder / SHARDED_DIR))
-        set_model_state_dict(model, target["model"])
-    else:
-        set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+        return
+    from shoal.checkpoint.dcp_io import load_sharded_model
+
+    load_sharded_model(model, state, folder)
 
 
 def load_plain_optimizer(
@@ -214,45 +113,7 @@ def load_plain_optimizer(
 ) -> None:
     """Load a checkpoint's `optimizer` into the optimizer of a plain model."""
     if is_marker(state):
+        from shoal.checkpoint.dcp_io import by_index
+
         state = by_index(read_full(folder)["optimizer"], model, optimizer)
     optimizer.load_state_dict(state)
-
-
-class SafeReader(FileSystemReader):
-    """DCP's file reader whose metadata unpickler builds DCP's metadata classes only."""
-
-    def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
-        path = Path(self.path) / ".metadata"
-        try:
-            with open(path, "rb") as handle:
-                metadata = _MetadataUnpickler(handle).load()
-        except FileNotFoundError:
-            raise CorruptCheckpoint(path.parent.parent, f"{path} is missing") from None
-        except pickle.UnpicklingError as exc:
-            raise CorruptCheckpoint(path.parent.parent, f"{path}: {exc}") from None
-        if not isinstance(metadata, Metadata):
-            raise CorruptCheckpoint(path.parent.parent, f"{path} is not DCP metadata")
-        storage = metadata.storage_meta or StorageMeta()
-        storage.load_id = self.load_id
-        metadata.storage_meta = storage
-        return metadata
-
-
-_ALLOWED = {
-    ("torch", "Size"),
-    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"),
-    ("pathlib", "PosixPath"),
-    ("pathlib", "WindowsPath"),
-    ("pathlib", "PurePosixPath"),
-    ("torch.serialization", "_get_layout"),
-    ("collections", "OrderedDict"),
-}
-
-
-class _MetadataUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        if module == "torch.distributed.checkpoint.metadata" or (module, name) in _ALLOWED:
-            return super().find_class(module, name)
-        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
-            return getattr(torch, name)
-        raise pickle.UnpicklingError(f"refuses to build {module}.{name}")

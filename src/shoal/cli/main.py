@@ -14,11 +14,16 @@ import json
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from shoal.errors import EXIT_OK, ShoalError
 
 
 def _train(args: argparse.Namespace) -> int:
+    if _starts_workers(args):
+        from shoal.launch.start import start_server_early
+
+        start_server_early()  # it imports torch while this process does (launch/start.py)
     from rich.console import Console
 
     from shoal.api import train
@@ -44,6 +49,24 @@ def _train(args: argparse.Namespace) -> int:
         console.print(f"final valid: {final}")
     console.print(f"run directory: {results['run_dir']}")
     return EXIT_OK
+
+
+def _starts_workers(args: argparse.Namespace) -> bool:
+    """Whether `shoal train ARGS` will start worker processes here, judged from the config
+    alone, before torch is imported. A wrong guess costs time, never a wrong job: the
+    launcher decides for itself later (a config in error is reported there)."""
+    if "RANK" in os.environ or "SLURM_PROCID" in os.environ:
+        return False  # a task of torchrun or srun: it joins a job, it starts nobody
+    if args.workers is not None:
+        return bool(args.workers > 1)
+    from shoal.config import load_config
+    from shoal.run import RunPaths
+
+    try:
+        source = RunPaths(Path(args.resume)).config if args.resume else args.config
+        return bool(load_config(source, args.set).strategy.type != "local")
+    except Exception:
+        return False
 
 
 def _validate(args: argparse.Namespace) -> int:
@@ -83,8 +106,6 @@ def _plugins(args: argparse.Namespace) -> int:
 
 
 def _status(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
     from shoal.recovery.status import status_lines
     from shoal.run import RunPaths
 
@@ -94,7 +115,6 @@ def _status(args: argparse.Namespace) -> int:
 
 def _report(args: argparse.Namespace) -> int:
     import time
-    from pathlib import Path
 
     from shoal.report import write_report
 

@@ -16,8 +16,6 @@ from __future__ import annotations
 import ctypes
 import signal
 
-import shoal.launch.worker  # noqa: F401  (imported for every worker forked from here)
-
 PR_SET_PDEATHSIG = 1
 
 
@@ -29,4 +27,8 @@ def _die_with_the_launcher() -> None:
         pass  # not Linux: the server ends when the launcher's end of its pipe closes
 
 
+# first: `shoal train` starts the server before it has planned the job (cli/main.py), and a
+# launcher that ends while the server still imports (a refused job) takes it along
 _die_with_the_launcher()
+
+import shoal.launch.worker  # noqa: E402, F401  (imported for every worker forked from here)

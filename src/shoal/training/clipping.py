@@ -17,7 +17,8 @@ from collections.abc import Iterable
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+
+from shoal.runtime.dtensors import is_dtensor
 
 
 def clip_by_global_norm(params: Iterable[torch.nn.Parameter], max_norm: float) -> float:
@@ -25,13 +26,13 @@ def clip_by_global_norm(params: Iterable[torch.nn.Parameter], max_norm: float) -
     returns the norm before clipping."""
     params = [p for p in params if p.grad is not None]
     grads = [p.grad for p in params if p.grad is not None]
-    if not any(isinstance(g, DTensor) for g in grads):
+    if not any(is_dtensor(g) for g in grads):
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     total = global_norm(grads)
     coef = min(max_norm / (total + 1e-6), 1.0)
     with torch.no_grad():
         for grad in grads:
-            local = grad.to_local() if isinstance(grad, DTensor) else grad
+            local = grad.to_local() if is_dtensor(grad) else grad
             local.mul_(coef)
     return total
 
@@ -44,7 +45,7 @@ def global_norm(grads: list[torch.Tensor]) -> float:
     for grad in grads:
         key: tuple[int, ...] = ()
         local = grad
-        if isinstance(grad, DTensor):
+        if is_dtensor(grad):
             local = grad.to_local()
             mesh = grad.device_mesh
             if any(placement.is_partial() for placement in grad.placements):

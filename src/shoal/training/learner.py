@@ -19,13 +19,7 @@ import torch
 from torch import nn
 
 from shoal.checkpoint.parts import Custom, FilePart, ModelPart, StatePart, collect, load_parts
-from shoal.checkpoint.sharded import (
-    MARKER,
-    ShardedFiles,
-    ShardedModelPart,
-    is_sharded,
-    load_plain_optimizer,
-)
+from shoal.checkpoint.sharded import MARKER, load_plain_optimizer, sharded_part
 from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
 from shoal.tasks.base import LossOutput, Task
@@ -84,7 +78,7 @@ class Learner:
         self.total_steps = total_steps
         self.precision = Precision(train.mixed_precision, self.device)
         # a sharded model's parameters and optimizer state are saved by every rank (DCP)
-        self.sharded = ShardedModelPart(model, self.optimizer) if is_sharded(model) else None
+        self.sharded = sharded_part(model, self.optimizer)
         self._loaded_kind: str | None = None  # while loading: the saved optimizer's kind
         self._fresh: list[dict[str, Any]] = []  # while loading: the config's param groups
 
@@ -214,7 +208,7 @@ class Learner:
 
     def file_parts(self) -> list[FilePart]:
         """A sharded model's pieces, written by every rank into the checkpoint folder."""
-        return [ShardedFiles(self.model, self.optimizer)] if self.sharded else []
+        return [self.sharded.files()] if self.sharded else []
 
     def state_dict(self) -> dict[str, Any]:
         return collect(self.parts(), is_main=True)

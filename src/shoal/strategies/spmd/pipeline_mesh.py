@@ -32,8 +32,8 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
+from shoal.checkpoint.dcp_io import ShardedModelPart
 from shoal.checkpoint.parts import StatePart
-from shoal.checkpoint.sharded import ShardedModelPart
 from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.roles import RankRoles
