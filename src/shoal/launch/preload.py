@@ -2,7 +2,10 @@
 
 Importing this module is meant to have an effect, and only that server imports it:
 
-- the worker's modules (torch and shoal's core), shared by every worker it forks;
+- the worker's modules (torch and shoal's core), shared by every worker it forks, and
+  torch._dynamo: every torch.optim optimizer imports it when the first one is built
+  (torch.optim's `_disable_dynamo`), about a second of CPU that each worker would
+  otherwise pay again at its first step, although nothing is compiled;
 - a death signal tied to the launcher (SIGKILL when its parent, the launcher, dies).
   multiprocessing's server would otherwise end only once it noticed the launcher's end
   of its "alive" pipe close, and then finalize its interpreter (about a second with
@@ -30,5 +33,7 @@ def _die_with_the_launcher() -> None:
 # first: `shoal train` starts the server before it has planned the job (cli/main.py), and a
 # launcher that ends while the server still imports (a refused job) takes it along
 _die_with_the_launcher()
+
+import torch._dynamo  # noqa: E402, F401  (see above: the first optimizer would import it)
 
 import shoal.launch.worker  # noqa: E402, F401  (imported for every worker forked from here)
