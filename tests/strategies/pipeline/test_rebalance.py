@@ -20,7 +20,7 @@ def brute_force(costs: list[float], speeds: list[float]) -> float:
     for cuts in itertools.combinations(range(1, n), stages - 1):
         bounds = [0, *cuts, n]
         parts = [(bounds[i], bounds[i + 1] - 1) for i in range(stages)]
-        best = min(best, max(w * c for w, c in zip(speeds, stage_costs(costs, parts))))
+        best = min(best, max(w * c for w, c in zip(speeds, stage_costs(costs, parts), strict=True)))
     return best
 
 
@@ -32,7 +32,7 @@ def test_the_weighted_split_is_the_best_contiguous_one() -> None:
         costs = [rng.uniform(0.1, 5.0) for _ in range(n)]
         speeds = [rng.uniform(0.5, 4.0) for _ in range(stages)]
         parts = balanced_partition(costs, stages, speeds)
-        times = [w * c for w, c in zip(speeds, stage_costs(costs, parts))]
+        times = [w * c for w, c in zip(speeds, stage_costs(costs, parts), strict=True)]
         assert max(times) == pytest.approx(brute_force(costs, speeds))
 
 
