@@ -45,6 +45,16 @@ def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
 
 
+def assert_same_training(mine: dict[str, Any], reference: dict[str, Any]) -> None:
+    """The parameters and AdamW's moments of two checkpoints' states (1e-5)."""
+    assert_same_model(mine["model"], reference["model"])
+    for index, state in reference["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(
+                mine["optimizer"]["state"][index][key], state[key], rtol=0, atol=1e-5
+            )
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_text(tmp_path_factory.mktemp("text"))
@@ -71,13 +81,7 @@ def test_each_schedule_trains_what_local_trains(
     partition are reported."""
     strategy = pipeline(schedule=schedule, **fields)
     result = shoal.train(lm_job(runs, corpus, **COMMON, strategy=strategy, run={"name": "pp"}))
-    mine, reference = final_state(result), final_state(local_run)
-    assert_same_model(mine["model"], reference["model"])
-    for index, state in reference["optimizer"]["state"].items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(
-                mine["optimizer"]["state"][index][key], state[key], rtol=0, atol=1e-5
-            )
+    assert_same_training(final_state(result), final_state(local_run))
     assert result["valid"]["loss"] == pytest.approx(local_run["valid"]["loss"], abs=1e-5)
     assert result["train"]["loss"] == pytest.approx(local_run["train"]["loss"], abs=1e-5)
     section = result["pipeline"]
@@ -238,13 +242,7 @@ def test_a_slowed_rank_gives_blocks_away_at_the_first_checkpoint_and_trains_what
     assert [r["stages"] for r in section["ranks"]] == [[0], [1]]
     log = (run / "logs" / "rank-0.log").read_text()
     assert "step 3: pipeline re-partitioned from stage 0: blocks 0-1" in log
-    mine, reference = final_state(rebalanced), final_state(local_run)
-    assert_same_model(mine["model"], reference["model"])
-    for index, state in reference["optimizer"]["state"].items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(
-                mine["optimizer"]["state"][index][key], state[key], rtol=0, atol=1e-5
-            )
+    assert_same_training(final_state(rebalanced), final_state(local_run))
     assert rebalanced["train"]["loss"] == pytest.approx(local_run["train"]["loss"], abs=1e-5)
 
 

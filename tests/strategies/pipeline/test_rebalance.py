@@ -3,8 +3,6 @@ the ranks' speeds and its threshold, and speeds come from every rank's figures a
 
 from __future__ import annotations
 
-import itertools
-import math
 import random
 from types import SimpleNamespace
 
@@ -12,16 +10,7 @@ import pytest
 
 from shoal.strategies.pipeline.partition import balanced_partition, stage_costs
 from shoal.strategies.pipeline.rebalance import Rebalancer, decide, rank_costs, stage_times
-
-
-def brute_force(costs: list[float], speeds: list[float]) -> float:
-    """The smallest slowest-stage time over every contiguous split, stage s at speeds[s]."""
-    n, stages, best = len(costs), len(speeds), math.inf
-    for cuts in itertools.combinations(range(1, n), stages - 1):
-        bounds = [0, *cuts, n]
-        parts = [(bounds[i], bounds[i + 1] - 1) for i in range(stages)]
-        best = min(best, max(w * c for w, c in zip(speeds, stage_costs(costs, parts), strict=True)))
-    return best
+from tests.strategies.pipeline.test_partition import brute_force
 
 
 def test_the_weighted_split_is_the_best_contiguous_one() -> None:
@@ -33,7 +22,7 @@ def test_the_weighted_split_is_the_best_contiguous_one() -> None:
         speeds = [rng.uniform(0.5, 4.0) for _ in range(stages)]
         parts = balanced_partition(costs, stages, speeds)
         times = [w * c for w, c in zip(speeds, stage_costs(costs, parts), strict=True)]
-        assert max(times) == pytest.approx(brute_force(costs, speeds))
+        assert max(times) == pytest.approx(brute_force(costs, stages, speeds))
 
 
 def test_a_slow_rank_gets_fewer_blocks_and_equal_ranks_keep_an_even_split() -> None:
