@@ -47,7 +47,7 @@ from shoal.strategies.pipeline.partition import (
     stage_costs,
 )
 from shoal.strategies.pipeline.profile import BlockCosts, profile_blocks
-from shoal.strategies.pipeline.rebalance import Rebalancer
+from shoal.strategies.pipeline.rebalance import Decision, Rebalancer
 from shoal.strategies.pipeline.rebalance import shares as stage_shares
 from shoal.strategies.pipeline.stages import (
     PipelinePlace,
@@ -254,6 +254,17 @@ class PipelineStrategy(Strategy):
         decision = rebalancer.decide(self.partition)
         if decision is None:
             return
+        if decision.moves:
+            self._repartition(decision.new)
+            rebalancer.moves += 1
+            self.shares = stage_shares(decision.new_times)
+        self._record(run, decision)
+
+    def _record(self, run: Run, decision: Decision) -> None:
+        """A `partition` record in metrics.jsonl and a line in rank 0's log: the partition
+        measured, each stage's share and seconds, the best one, the speeds behind them."""
+        rebalancer = self.rebalancer
+        assert rebalancer is not None
         step, speeds = run.progress.global_step, rebalancer.speeds
         record = {
             "event": "partition",
@@ -267,15 +278,11 @@ class PipelineStrategy(Strategy):
             "best_stage_seconds": decision.new_times,
             "gain": decision.gain,
             "rank_speeds": speeds,
-            "block_seconds": rebalancer.block_seconds(self.partition),
+            "block_seconds": rebalancer.block_seconds(decision.old),
         }
         old = describe_partition(decision.old, stage_shares(decision.old_times))
         new = describe_partition(decision.new, stage_shares(decision.new_times))
         rates = ", ".join(f"{s:.2f}" for s in speeds or [])
-        if decision.moves:
-            self._repartition(decision.new)
-            rebalancer.moves += 1
-            self.shares = stage_shares(decision.new_times)
         if decision.moves and self.ctx.is_main:
             self.ctx.log.info(
                 "step %d: pipeline re-partitioned from %s to %s: the slowest stage's time "
