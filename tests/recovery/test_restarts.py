@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 
 import shoal
+from shoal.errors import ShoalError
+from shoal.recovery.status import read_status
 from shoal.run import RunPaths
 from shoal.run.lock import RunInUse, RunLock
 from tests.conftest import final_state, run_shoal, small_job
@@ -27,6 +29,9 @@ def test_a_data_parallel_job_killed_twice_ends_bit_identical(tmp_path: Path) -> 
     with pytest.raises(RunInUse):  # the launcher keeps the run between attempts
         RunLock(RunPaths(run_dir).lock).acquire()
     wait_for(lambda: current_step(run_dir, 1), 60, "a step after the first restart")
+    # status.json is rewritten twice a second from the heartbeats: a restarted rank's role
+    # shows once its first heartbeat was read, which may come after rank 0's first step
+    wait_for(lambda: board_knows_every_role(run_dir), 30, "status.json to show both roles")
     live = run_shoal("status", str(run_dir), cwd=tmp_path)
     second = strike(launcher, run_dir, 1, rng.randint(70, 120), rank=rng.randint(0, 1))
     code, _, err = finish(launcher, timeout=180)
@@ -65,6 +70,14 @@ def test_a_data_parallel_job_killed_twice_ends_bit_identical(tmp_path: Path) -> 
     assert [row.split()[:3] for row in rows] == [["0", "worker", "done"], ["1", "worker", "done"]]
     assert [int(row.split()[2 + 1]) for row in rows] == [reference["steps"]] * 2
     no_worker_left(run_dir)
+
+
+def board_knows_every_role(run_dir: Path) -> bool:
+    try:
+        ranks = read_status(RunPaths(run_dir))["ranks"]
+    except ShoalError:  # not written yet
+        return False
+    return all(rank["role"] == "worker" for rank in ranks)
 
 
 def test_a_users_error_is_not_restarted(tmp_path: Path) -> None:
