@@ -20,7 +20,7 @@ optimizer state (its local shards; shoal's results.json `memory` or `pipeline`
 sections; local and data_parallel hold the whole model: 16 bytes a parameter with AdamW).
 
     .venv/bin/python benchmarks/lm_parallel.py [--rows pipeline|spmd] [--steps 30]
-        [--dim 128] [--layers 4] [--context 64] [--batch 16]
+        [--dim 128] [--layers 4] [--context 64] [--batch 16] [--only NAME] [--rounds N]
 """
 
 from __future__ import annotations
@@ -223,7 +223,10 @@ def spmd_shoal_row(args: argparse.Namespace, strategy: dict[str, Any], scratch: 
 
     config = LMModelConfig(dim=args.dim, heads=4, layers=args.layers, context=args.context)
     params = sum(p.numel() for p in build_lm(config, 65).parameters())
-    return {"tokens_s": tokens_s, "state_mb": state_bytes_of(result, params)}
+    row = {"tokens_s": tokens_s, "state_mb": state_bytes_of(result, params)}
+    if "pipeline" in result:
+        row["partition"] = result["pipeline"]["partition"]
+    return row
 
 
 def plain_spmd_worker(
@@ -377,19 +380,28 @@ def plain_spmd_row(
 
 
 def spmd_rows(args: argparse.Namespace) -> None:
+    """Each row --rounds times, shoal and the plain script alternately; the medians (and,
+    with more than one round, every round's figures)."""
     print(
         "| strategy | shoal tokens/s | plain tokens/s | ratio | shoal params+grads+optimizer "
         "MiB per rank | plain MiB per rank | shoal / local |"
     )
     print("|---|---|---|---|---|---|---|")
-    local_mb = None
+    from shoal.tasks.lm.config import LMModelConfig
+    from shoal.tasks.lm.model import build_lm
+
+    config = LMModelConfig(dim=args.dim, heads=4, layers=args.layers, context=args.context)
+    local_mb = 16 * sum(p.numel() for p in build_lm(config, 65).parameters()) / 2**20
     with tempfile.TemporaryDirectory() as scratch:
         for name, strategy, layout in SPMD_ROWS:
-            if args.only and args.only not in name and name != "local":
+            if args.only and args.only not in name:
                 continue
-            mine = spmd_shoal_row(args, strategy, scratch)
-            plain = plain_spmd_row(args, name, layout, scratch)
-            local_mb = local_mb or mine["state_mb"][0]
+            mine_rounds, plain_rounds = [], []
+            for _ in range(args.rounds):
+                mine_rounds.append(spmd_shoal_row(args, strategy, scratch))
+                plain_rounds.append(plain_spmd_row(args, name, layout, scratch))
+            mine = _median_row(mine_rounds)
+            plain = _median_row(plain_rounds)
             ratio = mine["tokens_s"] / plain["tokens_s"]
             print(
                 f"| {name} | {mine['tokens_s']:.0f} | {plain['tokens_s']:.0f} | {ratio:.2f} | "
@@ -398,12 +410,31 @@ def spmd_rows(args: argparse.Namespace) -> None:
                 f"{max(mine['state_mb']) / local_mb:.2f} |",
                 flush=True,
             )
+            if args.rounds > 1:
+                print(
+                    f"  {name} by round, shoal / plain tokens/s: "
+                    + ", ".join(
+                        f"{a['tokens_s']:.0f} / {b['tokens_s']:.0f}"
+                        for a, b in zip(mine_rounds, plain_rounds, strict=True)
+                    )
+                    + (f"; shoal's partition {mine['partition']}" if "partition" in mine else ""),
+                    flush=True,
+                )
+
+
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round whose tokens/s is the median (the lower middle one for an even count)."""
+    ordered = sorted(rows, key=lambda row: row["tokens_s"])
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", choices=("pipeline", "spmd"), default="pipeline")
     parser.add_argument("--only", default="", help="spmd rows whose name contains this")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="spmd rows: runs of each, alternating; the median"
+    )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--dim", type=int, default=128)
