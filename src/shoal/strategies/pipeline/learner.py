@@ -196,8 +196,8 @@ class StageLearner(Learner):
         share: tuple[int, int] = (0, 1),
         group: dist.ProcessGroup | None = None,
     ) -> None:
-        # one stage: the stage itself, whose names are the full model's (DCP saves by name)
-        model = place.modules[0] if len(place.modules) == 1 else nn.ModuleList(place.modules)
+        # the stages by the full model's names (DCP saves by name; `PipelinePlace.model`)
+        model = place.model
         super().__init__(task, model, sync, train, total_steps, share=share, norm_every=norm_every)
         self.full, self.place, self.psync = full, place, sync
         self.group = group  # the pipeline's ranks (None: the world)
