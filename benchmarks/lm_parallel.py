@@ -20,7 +20,7 @@ optimizer state (its local shards; shoal's results.json `memory` or `pipeline`
 sections; local and data_parallel hold the whole model: 16 bytes a parameter with AdamW).
 
     .venv/bin/python benchmarks/lm_parallel.py [--rows pipeline|spmd] [--steps 30]
-        [--dim 128] [--layers 4] [--context 64] [--batch 16] [--only NAME] [--rounds N]
+        [--dim 128] [--layers 4] [--context 64] [--batch 16] [--only NAME] [--rounds N] [--phases]
 """
 
 from __future__ import annotations
@@ -216,6 +216,8 @@ def state_bytes_of(result: dict[str, Any], params: int) -> list[float]:
 def spmd_shoal_row(args: argparse.Namespace, strategy: dict[str, Any], scratch: str) -> Any:
     name = strategy["type"] + "-" + "x".join(map(str, strategy.get("mesh", {}).values()))
     result, train = shoal_run(args, strategy, name, scratch)
+    if args.phases:
+        print_phases(result["world_size"], train)
     steps = len(train) * INTERVAL
     tokens_s = steps * args.batch * args.context / sum(r["step_s"] for r in train)
     from shoal.tasks.lm.config import LMModelConfig
@@ -227,6 +229,23 @@ def spmd_shoal_row(args: argparse.Namespace, strategy: dict[str, Any], scratch: 
     if "pipeline" in result:
         row["partition"] = result["pipeline"]["partition"]
     return row
+
+
+def print_phases(world: int, train: list[dict[str, Any]]) -> None:
+    """shoal's per-rank phases of the timed steps, as the plain script prints its own
+    (a pipeline's comm_s is its idle time inside the schedule, part of forward and
+    backward; optimizer_s is the non-finite agreement, clipping and the optimizer)."""
+    for rank in range(world):
+        mean = {
+            key: 1e3 * sum(r[f"rank{rank}_{key}"] for r in train) / len(train)
+            for key in ("forward_backward_s", "comm_s", "optimizer_s")
+        }
+        print(
+            f"shoal rank {rank} per step: forward and backward {mean['forward_backward_s']:.1f} "
+            f"ms (idle {mean['comm_s']:.1f}), agreement + clipping + optimizer "
+            f"{mean['optimizer_s']:.1f} ms",
+            flush=True,
+        )
 
 
 def plain_spmd_worker(
@@ -293,28 +312,47 @@ def plain_spmd_worker(
         )
         schedule = Schedule1F1B(stage, m, loss_fn=loss_fn, scale_grads=False)
     generator = torch.Generator().manual_seed(2 + coords.get("data", 0))
-    times = []
+    times: list[float] = []
+    phases: list[tuple[float, float, float]] = []
     for step in range(args.steps):
         tokens = torch.randint(0, vocab, (share, args.context + 1), generator=generator)
         started = time.perf_counter()
         for p in params:
             p.grad = None
+        backward_started = time.perf_counter()
         if schedule is None:
             loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
         elif coords["pipeline"] == 0:
             schedule.step(tokens[:, :-1], return_outputs=False)
         else:
             schedule.step(target=tokens[:, 1:], return_outputs=False)
+        clip_started = time.perf_counter()
         clip(params, 1.0, mesh["pipeline"].get_group() if pipe > 1 and mesh else None)
+        optimizer_started = time.perf_counter()
         optimizer.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - started)
+            phases.append(
+                (
+                    clip_started - backward_started,
+                    optimizer_started - clip_started,
+                    time.perf_counter() - optimizer_started,
+                )
+            )
     state = sum(_local(p).numel() * 4 for p in params) * 2 + sum(
         _local(v).numel() * v.element_size()
         for s in optimizer.state.values()
         for v in s.values()
         if isinstance(v, torch.Tensor) and v.dim() > 0
     )
+    if args.phases:
+        means = (1e3 * sum(p) / len(p) for p in zip(*phases, strict=True))
+        forward_backward, clipping, stepping = means
+        print(
+            f"plain rank {rank} per step: forward and backward {forward_backward:.1f} ms, "
+            f"clipping {clipping:.1f} ms, optimizer {stepping:.1f} ms",
+            flush=True,
+        )
     figures = torch.tensor([sum(times), state / 2**20], dtype=torch.float64)
     gathered = [figures]
     if world > 1:
@@ -372,7 +410,8 @@ def plain_spmd_row(
     world = 1
     for size in layout["dims"].values():
         world *= size
-    store = os.path.join(scratch, "store-" + name.replace(" ", "-"))
+    # a fresh store file each run (a FileStore keeps the keys of the run before)
+    store = os.path.join(tempfile.mkdtemp(dir=scratch), "store-" + name.replace(" ", "-"))
     mp.start_processes(
         plain_spmd_worker, args=(args, layout, world, store), nprocs=world, start_method="spawn"
     )
@@ -434,6 +473,9 @@ def main() -> None:
     parser.add_argument("--only", default="", help="spmd rows whose name contains this")
     parser.add_argument(
         "--rounds", type=int, default=1, help="spmd rows: runs of each, alternating; the median"
+    )
+    parser.add_argument(
+        "--phases", action="store_true", help="spmd rows: print each rank's time per step phase"
     )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
