@@ -85,13 +85,13 @@ def join_stages(modules: list[nn.Module]) -> nn.Module:
         for name, child in module.named_children():
             held = joined._modules.get(name)
             if isinstance(child, nn.ModuleDict) and isinstance(held, nn.ModuleDict):
-                held.update(child)
+                held.update(dict(child.items()))
             elif held is not None:
                 raise ValueError(f"two stages of one rank both hold {name!r}")
+            elif isinstance(child, nn.ModuleDict):  # a dict of its own, to merge into
+                joined.add_module(name, nn.ModuleDict(dict(child.items())))
             else:
-                joined.add_module(
-                    name, nn.ModuleDict(dict(child)) if isinstance(child, nn.ModuleDict) else child
-                )
+                joined.add_module(name, child)
     return joined
 
 
