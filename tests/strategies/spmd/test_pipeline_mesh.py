@@ -1,7 +1,7 @@
 """hybrid meshes with a pipeline dimension reproduce local; their DCP checkpoints resume.
 
-Four gloo ranks (eight for the slow 3-D mesh), a 4-block lm, AdamW with weight decay, clipping by the global norm,
-warm-up then cosine decay; dropout 0 where runs are compared with `local` (each stage
+Four gloo ranks (eight for the slow 3-D mesh), a 4-block lm, AdamW with weight decay,
+clipping by the global norm, warm-up then cosine decay; dropout 0 where runs are compared with `local` (each stage
 draws dropout from its own rank's generator), 0.1 for the exact resume.
 """
 
