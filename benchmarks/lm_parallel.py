@@ -262,6 +262,7 @@ def plain_spmd_worker(
     from torch.distributed.tensor.parallel import parallelize_module
     from torch.nn.parallel import DistributedDataParallel
 
+    from shoal.strategies.pipeline.measure import StageClock
     from shoal.tasks.lm.config import LMModelConfig
     from shoal.tasks.lm.model import build_lm
     from shoal.tasks.lm.parallel import tensor_parallel_plan
@@ -306,11 +307,16 @@ def plain_spmd_worker(
         return F.cross_entropy(flat, targets.reshape(-1), reduction="sum") / (args.context * share)
 
     schedule = None
+    clock = StageClock()
     if pipe > 1 and mesh is not None:
         stage = PipelineStage(
             model, coords["pipeline"], pipe, torch.device("cpu"), group=mesh["pipeline"].get_group()
         )
-        schedule = Schedule1F1B(stage, m, loss_fn=loss_fn, scale_grads=False)
+        loss: Any = loss_fn
+        if args.phases:  # compute time as shoal's pipeline measures it (measure.StageClock)
+            clock.wrap(stage)
+            loss = clock.timed(loss_fn)
+        schedule = Schedule1F1B(stage, m, loss_fn=loss, scale_grads=False)
     generator = torch.Generator().manual_seed(2 + coords.get("data", 0))
     times: list[float] = []
     phases: list[tuple[float, float, float]] = []
@@ -319,6 +325,8 @@ def plain_spmd_worker(
         started = time.perf_counter()
         for p in params:
             p.grad = None
+        if step == args.warmup:
+            clock.take()
         backward_started = time.perf_counter()
         if schedule is None:
             loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
@@ -348,9 +356,10 @@ def plain_spmd_worker(
     if args.phases:
         means = (1e3 * sum(p) / len(p) for p in zip(*phases, strict=True))
         forward_backward, clipping, stepping = means
+        idle = forward_backward - 1e3 * clock.compute_s / len(phases) if schedule else 0.0
         print(
-            f"plain rank {rank} per step: forward and backward {forward_backward:.1f} ms, "
-            f"clipping {clipping:.1f} ms, optimizer {stepping:.1f} ms",
+            f"plain rank {rank} per step: forward and backward {forward_backward:.1f} ms "
+            f"(idle {idle:.1f}), clipping {clipping:.1f} ms, optimizer {stepping:.1f} ms",
             flush=True,
         )
     figures = torch.tensor([sum(times), state / 2**20], dtype=torch.float64)
