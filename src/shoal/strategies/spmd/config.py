@@ -158,11 +158,6 @@ class HybridStrategyConfig(SpmdSection, PipelineFields):
                 ("strategy", "mesh", "pipeline"),
                 "a pipeline dimension has at least 2 stages; leave it out for none",
             )
-        if self.schedule == "interleaved_1f1b":
-            raise FieldError(
-                ("strategy", "schedule"),
-                'interleaved_1f1b is not built in a hybrid mesh; use "gpipe" or "1f1b"',
-            )
         if self.sequence_parallel:
             raise FieldError(
                 ("strategy", "sequence_parallel"),
