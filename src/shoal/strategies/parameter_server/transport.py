@@ -28,6 +28,7 @@ import torch
 
 from shoal.comm.links import CommGroup, PeerTimeout, Transfer
 from shoal.errors import JobFailed, ShoalError
+from shoal.strategies.parameter_server.rejoin import PushLog, Rejoin
 from shoal.strategies.parameter_server.server import Reply
 from shoal.strategies.parameter_server.wire import (
     HEADER_LEN,
@@ -128,17 +129,50 @@ class Link(ABC):
     def flush(self, timeout_s: float) -> None:  # noqa: B027 - optional: in-process links send at once
         """Wait until every send so far has left (their buffers may then be reused)."""
 
+    def heal(self) -> None:  # noqa: B027 - optional: only a remote link's server restarts
+        """Reconnect now if a send found the server gone (after the pushes to every server)."""
+
+    def saved(self, clock: int) -> None:  # noqa: B027 - optional: see RemoteLink
+        """The servers wrote their state of `clock` (a checkpoint or a snapshot)."""
+
+
+@dataclass
+class _Request:
+    """An answered request sent over a remote link, until its reply is taken: what it
+    said (to send it again to a restarted server) and the receives of its reply."""
+
+    header: Header
+    ids: torch.Tensor | None
+    blob: bytes
+    reply_values: int
+    raw: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    values: torch.Tensor = field(default_factory=lambda: torch.empty(0))
+    header_in: Transfer | None = None
+    values_in: Transfer | None = None
+
 
 class RemoteLink(Link):
-    """To server `server` on rank `rank`, over the servers' CommGroup `peers`."""
+    """To server `server` on rank `rank`, over the servers' CommGroup `peers`.
+
+    With `rejoin` (a server may be restarted alone, `rejoin.py`), a failed message does
+    not end the worker: the link waits for the restarted server, connects to it, sends
+    again its pushes since the server's restored clock and the requests still
+    unanswered, and the caller's wait goes on."""
 
     peers: CommGroup
 
-    def __init__(self, server: int, rank: int, peers: CommGroup) -> None:
+    def __init__(
+        self, server: int, rank: int, peers: CommGroup, rejoin: Rejoin | None = None
+    ) -> None:
         self.server = server
         self.rank = rank
         self.peers = peers
+        self.rejoin = rejoin
+        self.generation = 0  # the server's restarts this link has reconnected after
+        self.log = PushLog()
         self._sends: list[Transfer] = []
+        self._outstanding: list[_Request] = []
+        self._broken: PeerTimeout | None = None  # a send failed: reconnect after the pushes
 
     def _isend(self, tag: Tag, tensor: torch.Tensor, what: str) -> None:
         self._sends.append(self.peers.isend(self.rank, tensor, what, tag=tag, role=self.role))
@@ -162,38 +196,104 @@ class RemoteLink(Link):
         if header.payload_bytes:
             self._isend(Tag.PAYLOAD, pack_payload(header, ids, values, blob), what)
 
+    def _post(self, request: _Request) -> None:
+        """Post the receives of the reply first (see the module docstring), then send."""
+        what = f"the reply to {_what(request.header)}"
+        # fresh buffers: a receive left on a broken connection must not fill the new ones
+        request.raw = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        request.values = torch.empty(request.reply_values)
+        request.header_in = self._irecv(Tag.REPLY_HEADER, request.raw, what)
+        request.values_in = self._irecv(Tag.REPLY_VALUES, request.values, what)
+        self._send_message(request.header, request.ids, None, request.blob)
+
     def request(
         self, header: Header, ids: torch.Tensor | None, blob: bytes, reply_values: int
     ) -> PendingReply:
-        what = f"the reply to {_what(header)}"
-        raw = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        header_in = self._irecv(Tag.REPLY_HEADER, raw, what)
-        values = torch.empty(reply_values)
-        values_in = self._irecv(Tag.REPLY_VALUES, values, what)
-        self._send_message(header, ids, None, blob)
+        if self._broken is not None:
+            self._reconnect(self._broken)
+        request = _Request(header, ids, blob, reply_values)
+        self._outstanding.append(request)
+        try:
+            self._post(request)
+        except PeerTimeout as exc:
+            self._reconnect(exc)  # sends it again, with the others unanswered
 
         def wait_reply(timeout_s: float) -> Reply:
-            header_in.wait(timeout_s)
-            parsed = Header.parse(raw, UNBOUNDED)
-            reply = Reply(-1, parsed)
-            if parsed.blob_len:
-                blob_in = torch.empty(parsed.blob_len, dtype=torch.uint8)
-                self._irecv(Tag.REPLY_BLOB, blob_in, what).wait(timeout_s)
-                reply.blob = bytes(blob_in.numpy().tobytes())
-            values_in.wait(timeout_s)  # an error's too: the server sends one (a float)
-            if reply_values and parsed.op != Op.ERROR:
-                reply.values = values
-            return reply
+            while True:
+                try:
+                    reply = self._take(request, timeout_s)
+                except PeerTimeout as exc:
+                    self._reconnect(exc)
+                    continue
+                self._outstanding.remove(request)
+                return reply
 
         return PendingReply(self, header, wait_reply)
 
+    def _take(self, request: _Request, timeout_s: float) -> Reply:
+        assert request.header_in is not None and request.values_in is not None
+        what = f"the reply to {_what(request.header)}"
+        request.header_in.wait(timeout_s)
+        parsed = Header.parse(request.raw, UNBOUNDED)
+        reply = Reply(-1, parsed)
+        if parsed.blob_len:
+            blob_in = torch.empty(parsed.blob_len, dtype=torch.uint8)
+            self._irecv(Tag.REPLY_BLOB, blob_in, what).wait(timeout_s)
+            reply.blob = bytes(blob_in.numpy().tobytes())
+        request.values_in.wait(timeout_s)  # an error's too: the server sends one (a float)
+        if request.reply_values and parsed.op != Op.ERROR:
+            reply.values = request.values
+        return reply
+
     def send(self, header: Header, ids: torch.Tensor | None, values: torch.Tensor | None) -> None:
-        self._send_message(header, ids, values, b"")
+        if self.rejoin is not None and header.op == Op.PUSH:
+            self.log.add(header, ids, values)
+        if self._broken is not None:
+            return  # in the log: sent again once the server is back
+        try:
+            self._send_message(header, ids, values, b"")
+        except PeerTimeout as exc:
+            if self.rejoin is None:
+                raise
+            self._broken = exc  # the other servers get their pushes first (see rejoin.py)
 
     def flush(self, timeout_s: float) -> None:
-        for transfer in self._sends:
-            transfer.wait(timeout_s)
-        self._sends.clear()
+        sends, self._sends = self._sends, []
+        try:
+            for transfer in sends:
+                transfer.wait(timeout_s)
+        except PeerTimeout as exc:
+            self._reconnect(exc)  # the pushes lost with the server are sent again
+
+    def heal(self) -> None:
+        if self._broken is not None:
+            self._reconnect(self._broken)
+
+    def saved(self, clock: int) -> None:
+        self.log.saved(clock)
+
+    def _reconnect(self, cause: PeerTimeout) -> None:
+        """The server failed: wait for it to come back (or raise naming it), connect, send
+        again the pushes since its clock and every request still unanswered, in order."""
+        while True:  # until connected, or the server is given up (raises)
+            if self.rejoin is None:
+                raise cause
+            announcement, self.peers = self.rejoin.wait_for(
+                self.server, self.rank, self.generation, cause
+            )
+            self.generation = announcement.generation
+            self._broken = None
+            self._sends = []
+            self._seq = 0  # the new server reads each rank's messages from number 1
+            try:
+                for push in self.log.since(announcement.clock, self.server, self.rejoin.rank):
+                    self._send_message(push.header, push.ids, push.values, b"")
+                for request in self._outstanding:
+                    self._post(request)
+            except PeerTimeout as exc:  # it failed again
+                cause = exc
+                continue
+            return
 
 
 class LocalLink(Link):
