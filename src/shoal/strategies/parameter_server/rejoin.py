@@ -60,6 +60,7 @@ whose state is then gone too (the launcher restarts the job and says why).
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 
@@ -114,6 +115,7 @@ class Rejoin:
     hosts: Hosts
     wait_s: float
     timeout_s: float
+    log: logging.Logger
 
     def wait_for(
         self, server: int, rank: int, after: int, cause: BaseException

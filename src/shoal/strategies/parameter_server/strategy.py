@@ -232,7 +232,9 @@ class ParameterServerStrategy(Strategy):
         if not alone or ctx.store is None or ctx.launch_mode != "shoal":
             return None
         faults = ctx.config.faults
-        return Rejoin(ctx.store, ctx.rank, ctx.hosts, faults.start_timeout_s, faults.timeout_s)
+        return Rejoin(
+            ctx.store, ctx.rank, ctx.hosts, faults.start_timeout_s, faults.timeout_s, ctx.log
+        )
 
     def _endpoint(self, server: int, channel: LocalChannel | None) -> ServerEndpoint:
         ctx, config, task = self.ctx, self.config, self.task

@@ -285,14 +285,25 @@ class RemoteLink(Link):
             self._broken = None
             self._sends = []
             self._seq = 0  # the new server reads each rank's messages from number 1
+            pushes = self.log.since(announcement.clock, self.server, self.rejoin.rank)
             try:
-                for push in self.log.since(announcement.clock, self.server, self.rejoin.rank):
+                for push in pushes:
                     self._send_message(push.header, push.ids, push.values, b"")
                 for request in self._outstanding:
                     self._post(request)
             except PeerTimeout as exc:  # it failed again
                 cause = exc
                 continue
+            self.rejoin.log.warning(
+                "%s (rank %d) came back at clock %d (restart %d): sent again %d push messages "
+                "and %d unanswered requests",
+                self.role,
+                self.rank,
+                announcement.clock,
+                announcement.generation,
+                len(pushes),
+                len(self._outstanding),
+            )
             return
 
 
