@@ -45,8 +45,9 @@ def test_a_newer_announcement_is_taken_with_its_clock() -> None:
     store = _store()
     rejoin = Rejoin(store, 0, Hosts.single(4), 5.0, 5.0, logging.getLogger("test"))
     announce(store, 1, Announcement(generation=3, clock=6))
-    announcement, group = rejoin.wait_for(1, 3, 2, RuntimeError("gone"))
-    assert announcement == Announcement(3, 6)
+    assert rejoin.announced(1, 3) is None  # not newer than what the link has
+    assert rejoin.wait_for(1, 3, 2, RuntimeError("gone")) == Announcement(3, 6)
+    group = rejoin.pairs(1, 3)
     assert group.pairs is not None and group.pairs.prefix == "shoal/ps/pairs/1/3"
 
 

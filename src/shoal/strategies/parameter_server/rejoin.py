@@ -40,18 +40,19 @@ rebuilt table: these runs are not reproducible anyway, and this one differs from
 an uninterrupted run as two uninterrupted async runs differ.
 
 What a worker waits for. It notices the death when a message to or from the
-server fails (gloo reports the closed connection within about a second). It
-then waits for the announcement, at most `faults.start_timeout_s` (the time a
-process may take to start), and fails naming the server if none comes. The
-reconnection itself waits for no other worker, so a worker in it holds up
-nobody: every worker pushes to every server each clock (a push to a dead server
-is kept in the log, not waited for), then reconnects. One case it cannot break:
-a worker blocked on another server's reply that needs a push of a worker which
-itself waits on the restarted server for a pull that needs the first worker's
-replay. The other server answers that held pull with an error after
-`strategy.barrier_timeout_s` and the launcher restarts the whole job (exact).
-With one server, or a server killed where the workers' pulls of a clock are
-answered together, it does not arise.
+server fails (gloo reports the closed connection within about a second), and then
+waits for the announcement, at most `faults.start_timeout_s` (the time a process
+may take to start), failing with an error that names the server if none comes.
+But a worker may be waiting for something else when the server dies: a
+collective of the workers (a checkpoint's, the metrics'), or another server's
+reply held for a push of a worker that itself waits on the restarted server for
+a pull, which needs this worker's replay. So each worker also runs a watcher
+thread (:class:`Watcher`) that reconnects a link as soon as its server's
+announcement appears, whatever the main thread is blocked on; every operation
+of a link (send, post, reconnect) holds the link's lock, and a reply's wait that
+fails on the old connection goes on with the receives the watcher posted anew.
+The reconnection waits for no other worker (each has a pair of its own), so no
+worker in it holds up another.
 
 Co-located servers are not restarted alone: they share the process of a worker,
 whose state is then gone too (the launcher restarts the job and says why).
@@ -61,8 +62,11 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -117,18 +121,31 @@ class Rejoin:
     timeout_s: float
     log: logging.Logger
 
-    def wait_for(
-        self, server: int, rank: int, after: int, cause: BaseException
-    ) -> tuple[Announcement, CommGroup]:
-        """The announcement of server `server` (on `rank`) newer than generation `after`,
-        and the pairs to it; PeerTimeout naming the server if it does not come back."""
-        deadline = time.monotonic() + self.wait_s
+    def announced(self, server: int, after: int) -> Announcement | None:
+        """Server `server`'s announcement if newer than generation `after`, else None."""
         key = announce_key(server)
+        if self.store.check([key]):
+            announcement = Announcement.decode(self.store.get(key))
+            if announcement.generation > after:
+                return announcement
+        return None
+
+    def wait_for(self, server: int, rank: int, after: int, cause: BaseException) -> Announcement:
+        """The announcement of server `server` (on `rank`) newer than generation `after`;
+        PeerTimeout naming the server if it does not come back in time."""
+        deadline = time.monotonic() + self.wait_s
+        self.log.warning(
+            "server %d (rank %d) failed (%s): waiting up to %g s (faults.start_timeout_s) for "
+            "it to come back",
+            server,
+            rank,
+            _first_line(cause),
+            self.wait_s,
+        )
         while True:
-            if self.store.check([key]):
-                announcement = Announcement.decode(self.store.get(key))
-                if announcement.generation > after:
-                    break
+            announcement = self.announced(server, after)
+            if announcement is not None:
+                return announcement
             if time.monotonic() >= deadline:
                 raise PeerTimeout(
                     f"server {server} (rank {rank}) failed ({_first_line(cause)}) and did not "
@@ -136,11 +153,54 @@ class Rejoin:
                     f"{self.rank} waited for it"
                 )
             time.sleep(POLL_S)
-        pairs = PairGroups(
-            self.store, pairs_prefix(server, announcement.generation), self.rank, self.timeout_s
-        )
+
+    def pairs(self, server: int, generation: int) -> CommGroup:
+        """The connections to server `server` after its restart `generation`."""
+        pairs = PairGroups(self.store, pairs_prefix(server, generation), self.rank, self.timeout_s)
         world = len(self.hosts.host_of)
-        return announcement, CommGroup(self.rank, world, self.hosts, self.timeout_s, pairs=pairs)
+        return CommGroup(self.rank, world, self.hosts, self.timeout_s, pairs=pairs)
+
+
+class Rejoining(Protocol):
+    """A worker's link to one server, as the watcher sees it (transport.RemoteLink)."""
+
+    server: int
+    generation: int
+    lock: threading.RLock
+
+    def reconnect(self, announcement: Announcement) -> None: ...
+
+
+class Watcher:
+    """A worker's thread that reconnects each link as soon as its server announces its
+    return, whatever the main thread waits for meanwhile (another server's reply held for
+    a worker that waits on this one, a collective of the workers): without it, a worker
+    that has not noticed the death yet would keep the others waiting (see the module
+    docstring). A link busy in the main thread is left to it."""
+
+    def __init__(self, rejoin: Rejoin, links: Sequence[Rejoining]) -> None:
+        self.rejoin, self.links = rejoin, list(links)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ps-rejoin", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(2 * POLL_S):
+            for link in self.links:
+                announcement = self.rejoin.announced(link.server, link.generation)
+                if announcement is None or not link.lock.acquire(blocking=False):
+                    continue
+                try:
+                    if announcement.generation > link.generation:
+                        link.reconnect(announcement)
+                except Exception as exc:  # the main thread meets it on its own, and says it
+                    self.rejoin.log.warning("server %d: reconnecting failed: %s", link.server, exc)
+                finally:
+                    link.lock.release()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10 * POLL_S)
 
 
 def _first_line(exc: BaseException) -> str:

@@ -46,6 +46,7 @@ from shoal.strategies.parameter_server.learner import ServedRows, ServerLearner,
 from shoal.strategies.parameter_server.rejoin import (
     Announcement,
     Rejoin,
+    Watcher,
     announce,
     pairs_prefix,
 )
@@ -195,6 +196,8 @@ class ParameterServerStrategy(Strategy):
         )
         loop = StepLoop(worker_ctx, task, self, collaborators)
         results = self.drive(task, loop, worker_ctx)
+        if self.watcher is not None:
+            self.watcher.stop()
         self.client.bye()
         if thread is not None:
             thread.join(timeout=ctx.config.faults.timeout_s)
@@ -312,6 +315,8 @@ class ParameterServerStrategy(Strategy):
             self.ctx.config.faults.timeout_s,
         )
         self.served = ServedRows(self.client, self.task.num_entities, self.task.relation_rows)
+        remote = [link for link in links if isinstance(link, RemoteLink)]
+        self.watcher = Watcher(rejoin, remote) if rejoin is not None else None
         self._check_budget(widths)
 
     def _check_budget(self, widths: tuple[int, int]) -> None:

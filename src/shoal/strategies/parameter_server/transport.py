@@ -18,6 +18,7 @@ server's side is `endpoint.py`.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -28,7 +29,7 @@ import torch
 
 from shoal.comm.links import CommGroup, PeerTimeout, Transfer
 from shoal.errors import JobFailed, ShoalError
-from shoal.strategies.parameter_server.rejoin import PushLog, Rejoin
+from shoal.strategies.parameter_server.rejoin import Announcement, PushLog, Rejoin
 from shoal.strategies.parameter_server.server import Reply
 from shoal.strategies.parameter_server.wire import (
     HEADER_LEN,
@@ -137,6 +138,18 @@ class Link(ABC):
 
 
 @dataclass
+class _Posted:
+    """The receives of one request's reply, as posted on one connection."""
+
+    peers: CommGroup
+    generation: int
+    raw: torch.Tensor
+    values: torch.Tensor
+    header_in: Transfer
+    values_in: Transfer
+
+
+@dataclass
 class _Request:
     """An answered request sent over a remote link, until its reply is taken: what it
     said (to send it again to a restarted server) and the receives of its reply."""
@@ -145,10 +158,7 @@ class _Request:
     ids: torch.Tensor | None
     blob: bytes
     reply_values: int
-    raw: torch.Tensor = field(default_factory=lambda: torch.empty(0))
-    values: torch.Tensor = field(default_factory=lambda: torch.empty(0))
-    header_in: Transfer | None = None
-    values_in: Transfer | None = None
+    posted: _Posted | None = None
 
 
 class RemoteLink(Link):
@@ -157,7 +167,10 @@ class RemoteLink(Link):
     With `rejoin` (a server may be restarted alone, `rejoin.py`), a failed message does
     not end the worker: the link waits for the restarted server, connects to it, sends
     again its pushes since the server's restored clock and the requests still
-    unanswered, and the caller's wait goes on."""
+    unanswered, and the caller's wait goes on. A watcher thread (`rejoin.Watcher`) does
+    the same as soon as the server announces its return, whatever the worker's main
+    thread is waiting for (another server's reply, a collective of the workers): so the
+    lock, taken by every operation that sends or reconnects."""
 
     peers: CommGroup
 
@@ -170,15 +183,13 @@ class RemoteLink(Link):
         self.rejoin = rejoin
         self.generation = 0  # the server's restarts this link has reconnected after
         self.log = PushLog()
+        self.lock = threading.RLock()
         self._sends: list[Transfer] = []
         self._outstanding: list[_Request] = []
         self._broken: PeerTimeout | None = None  # a send failed: reconnect after the pushes
 
     def _isend(self, tag: Tag, tensor: torch.Tensor, what: str) -> None:
         self._sends.append(self.peers.isend(self.rank, tensor, what, tag=tag, role=self.role))
-
-    def _irecv(self, tag: Tag, tensor: torch.Tensor, what: str) -> Transfer:
-        return self.peers.irecv(self.rank, tensor, what, tag=tag, role=self.role)
 
     def _send_message(
         self,
@@ -197,90 +208,113 @@ class RemoteLink(Link):
             self._isend(Tag.PAYLOAD, pack_payload(header, ids, values, blob), what)
 
     def _post(self, request: _Request) -> None:
-        """Post the receives of the reply first (see the module docstring), then send."""
+        """Post the receives of the reply first (see the module docstring), then send. Fresh
+        buffers each time: a receive left on a broken connection must not fill new ones."""
         what = f"the reply to {_what(request.header)}"
-        # fresh buffers: a receive left on a broken connection must not fill the new ones
-        request.raw = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        request.values = torch.empty(request.reply_values)
-        request.header_in = self._irecv(Tag.REPLY_HEADER, request.raw, what)
-        request.values_in = self._irecv(Tag.REPLY_VALUES, request.values, what)
+        raw = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        values = torch.empty(request.reply_values)
+        peers, role = self.peers, self.role
+        header_in = peers.irecv(self.rank, raw, what, tag=Tag.REPLY_HEADER, role=role)
+        values_in = peers.irecv(self.rank, values, what, tag=Tag.REPLY_VALUES, role=role)
+        request.posted = _Posted(peers, self.generation, raw, values, header_in, values_in)
         self._send_message(request.header, request.ids, None, request.blob)
 
     def request(
         self, header: Header, ids: torch.Tensor | None, blob: bytes, reply_values: int
     ) -> PendingReply:
-        if self._broken is not None:
-            self._reconnect(self._broken)
         request = _Request(header, ids, blob, reply_values)
-        self._outstanding.append(request)
-        try:
-            self._post(request)
-        except PeerTimeout as exc:
-            self._reconnect(exc)  # sends it again, with the others unanswered
+        with self.lock:
+            if self._broken is not None:
+                self._reconnect(self._broken, self.generation)
+            self._outstanding.append(request)
+            try:
+                self._post(request)
+            except PeerTimeout as exc:
+                self._reconnect(exc, self.generation)  # sends it again, with the others
 
         def wait_reply(timeout_s: float) -> Reply:
             while True:
+                posted = request.posted
+                assert posted is not None
                 try:
-                    reply = self._take(request, timeout_s)
+                    reply = self._take(request, posted, timeout_s)
                 except PeerTimeout as exc:
-                    self._reconnect(exc)
+                    with self.lock:
+                        self._reconnect(exc, posted.generation)
                     continue
-                self._outstanding.remove(request)
+                with self.lock:
+                    self._outstanding.remove(request)
                 return reply
 
         return PendingReply(self, header, wait_reply)
 
-    def _take(self, request: _Request, timeout_s: float) -> Reply:
-        assert request.header_in is not None and request.values_in is not None
+    def _take(self, request: _Request, posted: _Posted, timeout_s: float) -> Reply:
         what = f"the reply to {_what(request.header)}"
-        request.header_in.wait(timeout_s)
-        parsed = Header.parse(request.raw, UNBOUNDED)
+        posted.header_in.wait(timeout_s)
+        parsed = Header.parse(posted.raw, UNBOUNDED)
         reply = Reply(-1, parsed)
         if parsed.blob_len:
             blob_in = torch.empty(parsed.blob_len, dtype=torch.uint8)
-            self._irecv(Tag.REPLY_BLOB, blob_in, what).wait(timeout_s)
+            posted.peers.irecv(self.rank, blob_in, what, tag=Tag.REPLY_BLOB, role=self.role).wait(
+                timeout_s
+            )
             reply.blob = bytes(blob_in.numpy().tobytes())
-        request.values_in.wait(timeout_s)  # an error's too: the server sends one (a float)
+        posted.values_in.wait(timeout_s)  # an error's too: the server sends one (a float)
         if request.reply_values and parsed.op != Op.ERROR:
-            reply.values = request.values
+            reply.values = posted.values
         return reply
 
     def send(self, header: Header, ids: torch.Tensor | None, values: torch.Tensor | None) -> None:
-        if self.rejoin is not None and header.op == Op.PUSH:
-            self.log.add(header, ids, values)
-        if self._broken is not None:
-            return  # in the log: sent again once the server is back
-        try:
-            self._send_message(header, ids, values, b"")
-        except PeerTimeout as exc:
-            if self.rejoin is None:
-                raise
-            self._broken = exc  # the other servers get their pushes first (see rejoin.py)
+        with self.lock:
+            if self.rejoin is not None and header.op == Op.PUSH:
+                self.log.add(header, ids, values)
+            if self._broken is not None:
+                return  # in the log: sent again once the server is back
+            try:
+                self._send_message(header, ids, values, b"")
+            except PeerTimeout as exc:
+                if self.rejoin is None:
+                    raise
+                self._broken = exc  # the other servers get their pushes first (see rejoin.py)
 
     def flush(self, timeout_s: float) -> None:
-        sends, self._sends = self._sends, []
+        with self.lock:
+            sends, self._sends = self._sends, []
+            generation = self.generation
         try:
             for transfer in sends:
                 transfer.wait(timeout_s)
         except PeerTimeout as exc:
-            self._reconnect(exc)  # the pushes lost with the server are sent again
+            with self.lock:
+                self._reconnect(exc, generation)  # the pushes lost with it are sent again
 
     def heal(self) -> None:
-        if self._broken is not None:
-            self._reconnect(self._broken)
+        with self.lock:
+            if self._broken is not None:
+                self._reconnect(self._broken, self.generation)
 
     def saved(self, clock: int) -> None:
-        self.log.saved(clock)
+        with self.lock:
+            self.log.saved(clock)
 
-    def _reconnect(self, cause: PeerTimeout) -> None:
-        """The server failed: wait for it to come back (or raise naming it), connect, send
-        again the pushes since its clock and every request still unanswered, in order."""
+    def _reconnect(self, cause: PeerTimeout, failed_on: int) -> None:
+        """The server failed on the connection of generation `failed_on`: unless the link
+        has reconnected since, wait for the server to come back (or raise naming it) and
+        reconnect. Called with the lock held."""
+        if self.rejoin is None:
+            raise cause
+        if self.generation > failed_on:
+            return  # the watcher reconnected already: the caller waits on the new posts
+        announcement = self.rejoin.wait_for(self.server, self.rank, self.generation, cause)
+        self.reconnect(announcement)
+
+    def reconnect(self, announcement: Announcement) -> None:
+        """Connect to the server of `announcement` and send it again what its state lacks:
+        the pushes since its clock, then every request still unanswered, in order. Called
+        with the lock held."""
+        assert self.rejoin is not None
         while True:  # until connected, or the server is given up (raises)
-            if self.rejoin is None:
-                raise cause
-            announcement, self.peers = self.rejoin.wait_for(
-                self.server, self.rank, self.generation, cause
-            )
+            self.peers = self.rejoin.pairs(self.server, announcement.generation)
             self.generation = announcement.generation
             self._broken = None
             self._sends = []
@@ -292,7 +326,7 @@ class RemoteLink(Link):
                 for request in self._outstanding:
                     self._post(request)
             except PeerTimeout as exc:  # it failed again
-                cause = exc
+                announcement = self.rejoin.wait_for(self.server, self.rank, self.generation, exc)
                 continue
             self.rejoin.log.warning(
                 "%s (rank %d) came back at clock %d (restart %d): sent again %d push messages "
