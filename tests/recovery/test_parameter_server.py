@@ -58,3 +58,26 @@ def test_a_server_killed_in_sync_mode_comes_back_and_the_job_ends_exactly(
     for worker in (0, 1):
         assert logs[worker].count(" joined (") == 1
         assert "server 1 (rank 3) came back at clock 3 (restart 1)" in logs[worker]
+
+
+def test_a_server_killed_in_async_mode_comes_back_alone_and_the_workers_go_on(
+    runs: Path, graph: dict[str, str]
+) -> None:
+    """Async: the replayed pushes are applied in a new order, so the tables differ from an
+    uninterrupted run's (as two async runs differ); the workers keep their processes."""
+    faults = {"max_restarts": 1, "restart_backoff_s": 0.1,
+              "inject": {"rank": 2, "step": 4, "kind": "exit"}}  # fmt: skip
+    restarted = shoal.train(
+        job(runs, graph, "restarted-async", strategy=ps(mode="async"),
+            checkpoint={"every_steps": 3}, faults=faults)
+    )  # fmt: skip
+    failure = restarted["failures"][0]
+    assert restarted["restarts"] == 1 and failure["alone"] is True and failure["rank"] == 2
+    run_dir = Path(restarted["run_dir"])
+    for worker in (0, 1):
+        log = (run_dir / "logs" / f"rank-{worker}.log").read_text()
+        assert log.count(" joined (") == 1 and "server 0 (rank 2) came back at clock" in log
+    section = restarted["parameter_server"]
+    steps = restarted["steps"]
+    # each worker pushed each server once a clock (replays are not counted again)
+    assert section["pushes"] == 2 * 2 * steps
