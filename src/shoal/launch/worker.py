@@ -87,10 +87,6 @@ def main(argv: list[str] | None = None) -> int:
     if signer is None:
         parser.error(f"{SECRET_ENV} is not set: workers are started by `shoal train`")
 
-    import faulthandler  # DEBUG-H13
-
-    _dbg = open(f"/tmp/h13ps/stack-{os.environ['RANK']}-{os.getpid()}.txt", "w")  # noqa: SIM115
-    faulthandler.register(signal.SIGUSR1, file=_dbg, all_threads=True)
     placement = Placement.from_env()
     rank, world_size = placement.rank, placement.world_size
     host, port = os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"])
