@@ -53,7 +53,6 @@ def test_a_server_killed_in_sync_mode_comes_back_and_the_job_ends_exactly(
     # only the server's process was started again: each worker joined once, kept its
     # steps (none lost) and sent the server its pushes since the checkpoint of step 3
     assert failure["alone"] is True and failure["lost_steps"] == 0
-    assert restarted["recovery_s"][0] is not None
     assert logs[3].count(" joined (") == 1 and "server 1 restarted alone at clock 3" in logs[3]
     for worker in (0, 1):
         assert logs[worker].count(" joined (") == 1
