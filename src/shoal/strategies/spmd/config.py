@@ -69,6 +69,13 @@ class SpmdSection(StrategySection):
                 ("strategy", "sequence_parallel"), "needs a tensor dimension larger than 1"
             )
 
+    place_by_host: bool = Field(
+        True,
+        description="Lay the mesh out by host: tensor (then pipeline) groups inside a host "
+        "where they fit, data across hosts, whatever the launcher's rank numbers; false: "
+        "ranks in row-major rank order.",
+    )
+
 
 class TensorParallelStrategyConfig(SpmdSection):
     """Attention heads and MLP split column-/row-wise across `degree` ranks (Megatron-LM)."""
@@ -106,7 +113,8 @@ class HybridStrategyConfig(SpmdSection, PipelineFields):
     type: Literal["hybrid"] = "hybrid"
     mesh: dict[str, int] = Field(
         description="Sizes of the mesh dimensions (data, pipeline, tensor); their product is "
-        "the number of worker processes. Ranks are laid out row-major, data outermost."
+        "the number of worker processes. Data outermost; across hosts tensor (then pipeline) "
+        "groups lie inside a host (see place_by_host)."
     )
     data: Literal["sharded", "replicated"] = Field(
         "sharded",
