@@ -223,9 +223,9 @@ def main() -> None:
     if args.part == "dp":
         dp_table(found, args.rounds)
     elif args.part == "mesh":
-        mesh_table(found, args.rounds)
+        versus_table(found, "rank order", ("data 2 x tensor 2", "step (s)"), args.rounds, False)
     else:
-        ps_table(found, args.rounds)
+        versus_table(found, "servers on host 0", ("servers", "triples/s"), args.rounds, True)
 
 
 def dp_table(times: dict[str, list[float]], rounds: int) -> None:
@@ -241,26 +241,22 @@ def dp_table(times: dict[str, list[float]], rounds: int) -> None:
         print(f"| {name} | {median:.3f} | {cells} | {vs_native} | {vs_ring} |")
 
 
-def mesh_table(times: dict[str, list[float]], rounds: int) -> None:
-    naive = statistics.median(times["rank order"]) if times.get("rank order") else None
-    print(f"\n| data 2 x tensor 2 | step (s), median of {rounds} | rounds | vs rank order |")
+def versus_table(
+    found: dict[str, list[float]], base: str, head: tuple[str, str], rounds: int, rate: bool
+) -> None:
+    """One row per contender: median, rounds, ratio against `base` (> 1: better; `rate`:
+    higher is better, else a time)."""
+    reference = statistics.median(found[base]) if found.get(base) else None
+    print(f"\n| {head[0]} | {head[1]}, median of {rounds} | rounds | vs {base} |")
     print("|---|---|---|---|")
-    for name, found in times.items():
-        median = statistics.median(found)
-        cells = " ".join(f"{t:.3f}" for t in found)
-        ratio = f"{naive / median:.2f}x" if naive else "-"
-        print(f"| {name} | {median:.3f} | {cells} | {ratio} |")
-
-
-def ps_table(rates: dict[str, list[float]], rounds: int) -> None:
-    base = statistics.median(rates["servers on host 0"]) if rates.get("servers on host 0") else None
-    print(f"\n| servers | triples/s, median of {rounds} | rounds | vs on host 0 |")
-    print("|---|---|---|---|")
-    for name, found in rates.items():
-        median = statistics.median(found)
-        cells = " ".join(f"{t:,.0f}" for t in found)
-        ratio = f"{median / base:.2f}x" if base else "-"
-        print(f"| {name} | {median:,.0f} | {cells} | {ratio} |")
+    form = "{:,.0f}" if rate else "{:.3f}"
+    for name, values in found.items():
+        median = statistics.median(values)
+        cells = " ".join(form.format(v) for v in values)
+        ratio = "-"
+        if reference:
+            ratio = f"{(median / reference if rate else reference / median):.2f}x"
+        print(f"| {name} | {form.format(median)} | {cells} | {ratio} |")
 
 
 if __name__ == "__main__":
