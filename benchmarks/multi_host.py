@@ -25,7 +25,7 @@ or on ranks 0 and 1, both on host 0. Triples/s of training time (the sum of
 samples over the sum of step times in rank 0's metrics.jsonl, like
 benchmarks/kge_ps_scaling.py), after `--skip` steps.
 
-`--part mesh`: the lm task on tinyshakespeare (../shared/datasets/tinyshakespeare;
+`--part mesh`: the lm task on tinyshakespeare (../shared/datasets/tinyshakespeare, 1% held out;
 dim 64, 4 heads, 4 layers, context 128, global batch 16, AdamW) under `hybrid`
 `{ data = 2, tensor = 2 }`, started as a Slurm step with srun's cyclic
 distribution (ranks 0, 2 on host 0; 1, 3 on host 1; one `python -m shoal train`
@@ -74,7 +74,7 @@ def mesh_job(by_host: bool, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "task": {
             "type": "lm",
-            "data": {"train": str(SHAKESPEARE), "split": 0.95},
+            "data": {"train": str(SHAKESPEARE), "split": 0.99},
             "model": {"dim": 64, "heads": 4, "layers": 4, "context": 128},
         },
         "strategy": {
