@@ -85,6 +85,7 @@ def mesh_job(by_host: bool, args: argparse.Namespace) -> dict[str, Any]:
         "train": {
             "max_steps": args.steps,
             "batch_size": 16,
+            "drop_last": True,
             "seed": 0,
             "optimizer": {"kind": "adamw", "lr": 1e-3},
             "eval_every_epochs": 0,
