@@ -110,8 +110,8 @@ class RankRoles:
 
     def mesh_placement(self, hosts: Hosts) -> tuple[str, list[str], dict[str, Any]] | None:
         """For a mesh with a tensor or pipeline dimension: the log line saying which ranks
-        form each group on which hosts, a warning per inner dimension that spans hosts,
-        and the metrics.jsonl record (None: nothing is placed)."""
+        form each group on which hosts, a warning when tensor groups span hosts, and the
+        metrics.jsonl record (None: nothing is placed)."""
         if not any(name in self.dims for name in INNER) or hosts.world_size != self.world_size:
             return None
         return placement_report(self.workers, self.dims, hosts.host_of, hosts.names, self.by_host)

@@ -28,6 +28,13 @@ class SpmdSection(StrategySection):
         "dimension (norms and residual dropout work on each rank's part; Korthikanti et al.).",
     )
 
+    place_by_host: bool = Field(
+        True,
+        description="Lay the mesh out by host: tensor (then pipeline) groups inside a host "
+        "where they fit, data across hosts, whatever the launcher's rank numbers; false: "
+        "ranks in row-major rank order.",
+    )
+
     @abstractmethod
     def dims(self) -> dict[str, int]:
         """The mesh's dimensions and sizes, outermost first: each of the three configs
@@ -68,13 +75,6 @@ class SpmdSection(StrategySection):
             raise FieldError(
                 ("strategy", "sequence_parallel"), "needs a tensor dimension larger than 1"
             )
-
-    place_by_host: bool = Field(
-        True,
-        description="Lay the mesh out by host: tensor (then pipeline) groups inside a host "
-        "where they fit, data across hosts, whatever the launcher's rank numbers; false: "
-        "ranks in row-major rank order.",
-    )
 
 
 class TensorParallelStrategyConfig(SpmdSection):
