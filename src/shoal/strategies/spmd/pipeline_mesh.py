@@ -122,7 +122,8 @@ class MeshPipelineStrategy(PipelineStrategy):
         return config
 
     def make_roles(self) -> RankRoles:
-        return RankRoles.mesh(self.ctx.world_size, self.config.dims())
+        hosts = self.ctx.hosts if self.config.place_by_host else None
+        return RankRoles.mesh(self.ctx.world_size, self.config.dims(), hosts)
 
     @property
     def coords(self) -> dict[str, int]:
@@ -131,7 +132,7 @@ class MeshPipelineStrategy(PipelineStrategy):
     def _place(self, model: nn.Module) -> PipelinePlace:
         ctx, config = self.ctx, self.config
         dims = config.dims()
-        self.mesh = build_mesh(ctx.device, dims)
+        self.mesh = build_mesh(ctx.device, dims, self.roles.workers)
         self.inner = {k: v for k, v in dims.items() if k != "pipeline"}
         bf16 = ctx.config.train.mixed_precision == "bf16"
 
