@@ -20,7 +20,7 @@ optimizer state (its local shards; shoal's results.json `memory` or `pipeline`
 sections; local and data_parallel hold the whole model: 16 bytes a parameter with AdamW).
 
     .venv/bin/python benchmarks/lm_parallel.py [--rows pipeline|spmd] [--steps 30]
-        [--dim 128] [--layers 4] [--context 64] [--batch 16]
+        [--dim 128] [--layers 4] [--context 64] [--batch 16] [--only NAME] [--rounds N] [--phases]
 """
 
 from __future__ import annotations
@@ -216,6 +216,8 @@ def state_bytes_of(result: dict[str, Any], params: int) -> list[float]:
 def spmd_shoal_row(args: argparse.Namespace, strategy: dict[str, Any], scratch: str) -> Any:
     name = strategy["type"] + "-" + "x".join(map(str, strategy.get("mesh", {}).values()))
     result, train = shoal_run(args, strategy, name, scratch)
+    if args.phases:
+        print_phases(result["world_size"], train)
     steps = len(train) * INTERVAL
     tokens_s = steps * args.batch * args.context / sum(r["step_s"] for r in train)
     from shoal.tasks.lm.config import LMModelConfig
@@ -223,7 +225,27 @@ def spmd_shoal_row(args: argparse.Namespace, strategy: dict[str, Any], scratch: 
 
     config = LMModelConfig(dim=args.dim, heads=4, layers=args.layers, context=args.context)
     params = sum(p.numel() for p in build_lm(config, 65).parameters())
-    return {"tokens_s": tokens_s, "state_mb": state_bytes_of(result, params)}
+    row = {"tokens_s": tokens_s, "state_mb": state_bytes_of(result, params)}
+    if "pipeline" in result:
+        row["partition"] = result["pipeline"]["partition"]
+    return row
+
+
+def print_phases(world: int, train: list[dict[str, Any]]) -> None:
+    """shoal's per-rank phases of the timed steps, as the plain script prints its own
+    (a pipeline's comm_s is its idle time inside the schedule, part of forward and
+    backward; optimizer_s is the non-finite agreement, clipping and the optimizer)."""
+    for rank in range(world):
+        mean = {
+            key: 1e3 * sum(r[f"rank{rank}_{key}"] for r in train) / len(train)
+            for key in ("forward_backward_s", "comm_s", "optimizer_s")
+        }
+        print(
+            f"shoal rank {rank} per step: forward and backward {mean['forward_backward_s']:.1f} "
+            f"ms (idle {mean['comm_s']:.1f}), agreement + clipping + optimizer "
+            f"{mean['optimizer_s']:.1f} ms",
+            flush=True,
+        )
 
 
 def plain_spmd_worker(
@@ -240,6 +262,7 @@ def plain_spmd_worker(
     from torch.distributed.tensor.parallel import parallelize_module
     from torch.nn.parallel import DistributedDataParallel
 
+    from shoal.strategies.pipeline.measure import StageClock
     from shoal.tasks.lm.config import LMModelConfig
     from shoal.tasks.lm.model import build_lm
     from shoal.tasks.lm.parallel import tensor_parallel_plan
@@ -284,34 +307,61 @@ def plain_spmd_worker(
         return F.cross_entropy(flat, targets.reshape(-1), reduction="sum") / (args.context * share)
 
     schedule = None
+    clock = StageClock()
     if pipe > 1 and mesh is not None:
         stage = PipelineStage(
             model, coords["pipeline"], pipe, torch.device("cpu"), group=mesh["pipeline"].get_group()
         )
-        schedule = Schedule1F1B(stage, m, loss_fn=loss_fn, scale_grads=False)
+        loss: Any = loss_fn
+        if args.phases:  # compute time as shoal's pipeline measures it (measure.StageClock)
+            clock.wrap(stage)
+            loss = clock.timed(loss_fn)
+        schedule = Schedule1F1B(stage, m, loss_fn=loss, scale_grads=False)
     generator = torch.Generator().manual_seed(2 + coords.get("data", 0))
-    times = []
+    times: list[float] = []
+    phases: list[tuple[float, float, float]] = []
     for step in range(args.steps):
         tokens = torch.randint(0, vocab, (share, args.context + 1), generator=generator)
         started = time.perf_counter()
         for p in params:
             p.grad = None
+        if step == args.warmup:
+            clock.take()
+        backward_started = time.perf_counter()
         if schedule is None:
             loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
         elif coords["pipeline"] == 0:
             schedule.step(tokens[:, :-1], return_outputs=False)
         else:
             schedule.step(target=tokens[:, 1:], return_outputs=False)
+        clip_started = time.perf_counter()
         clip(params, 1.0, mesh["pipeline"].get_group() if pipe > 1 and mesh else None)
+        optimizer_started = time.perf_counter()
         optimizer.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - started)
+            phases.append(
+                (
+                    clip_started - backward_started,
+                    optimizer_started - clip_started,
+                    time.perf_counter() - optimizer_started,
+                )
+            )
     state = sum(_local(p).numel() * 4 for p in params) * 2 + sum(
         _local(v).numel() * v.element_size()
         for s in optimizer.state.values()
         for v in s.values()
         if isinstance(v, torch.Tensor) and v.dim() > 0
     )
+    if args.phases:
+        means = (1e3 * sum(p) / len(p) for p in zip(*phases, strict=True))
+        forward_backward, clipping, stepping = means
+        idle = forward_backward - 1e3 * clock.compute_s / len(phases) if schedule else 0.0
+        print(
+            f"plain rank {rank} per step: forward and backward {forward_backward:.1f} ms "
+            f"(idle {idle:.1f}), clipping {clipping:.1f} ms, optimizer {stepping:.1f} ms",
+            flush=True,
+        )
     figures = torch.tensor([sum(times), state / 2**20], dtype=torch.float64)
     gathered = [figures]
     if world > 1:
@@ -369,7 +419,8 @@ def plain_spmd_row(
     world = 1
     for size in layout["dims"].values():
         world *= size
-    store = os.path.join(scratch, "store-" + name.replace(" ", "-"))
+    # a fresh store file each run (a FileStore keeps the keys of the run before)
+    store = os.path.join(tempfile.mkdtemp(dir=scratch), "store-" + name.replace(" ", "-"))
     mp.start_processes(
         plain_spmd_worker, args=(args, layout, world, store), nprocs=world, start_method="spawn"
     )
@@ -377,19 +428,28 @@ def plain_spmd_row(
 
 
 def spmd_rows(args: argparse.Namespace) -> None:
+    """Each row --rounds times, shoal and the plain script alternately; the medians (and,
+    with more than one round, every round's figures)."""
     print(
         "| strategy | shoal tokens/s | plain tokens/s | ratio | shoal params+grads+optimizer "
         "MiB per rank | plain MiB per rank | shoal / local |"
     )
     print("|---|---|---|---|---|---|---|")
-    local_mb = None
+    from shoal.tasks.lm.config import LMModelConfig
+    from shoal.tasks.lm.model import build_lm
+
+    config = LMModelConfig(dim=args.dim, heads=4, layers=args.layers, context=args.context)
+    local_mb = 16 * sum(p.numel() for p in build_lm(config, 65).parameters()) / 2**20
     with tempfile.TemporaryDirectory() as scratch:
         for name, strategy, layout in SPMD_ROWS:
-            if args.only and args.only not in name and name != "local":
+            if args.only and args.only not in name:
                 continue
-            mine = spmd_shoal_row(args, strategy, scratch)
-            plain = plain_spmd_row(args, name, layout, scratch)
-            local_mb = local_mb or mine["state_mb"][0]
+            mine_rounds, plain_rounds = [], []
+            for _ in range(args.rounds):
+                mine_rounds.append(spmd_shoal_row(args, strategy, scratch))
+                plain_rounds.append(plain_spmd_row(args, name, layout, scratch))
+            mine = _median_row(mine_rounds)
+            plain = _median_row(plain_rounds)
             ratio = mine["tokens_s"] / plain["tokens_s"]
             print(
                 f"| {name} | {mine['tokens_s']:.0f} | {plain['tokens_s']:.0f} | {ratio:.2f} | "
@@ -398,12 +458,34 @@ def spmd_rows(args: argparse.Namespace) -> None:
                 f"{max(mine['state_mb']) / local_mb:.2f} |",
                 flush=True,
             )
+            if args.rounds > 1:
+                print(
+                    f"  {name} by round, shoal / plain tokens/s: "
+                    + ", ".join(
+                        f"{a['tokens_s']:.0f} / {b['tokens_s']:.0f}"
+                        for a, b in zip(mine_rounds, plain_rounds, strict=True)
+                    )
+                    + (f"; shoal's partition {mine['partition']}" if "partition" in mine else ""),
+                    flush=True,
+                )
+
+
+def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The round whose tokens/s is the median (the lower middle one for an even count)."""
+    ordered = sorted(rows, key=lambda row: row["tokens_s"])
+    return ordered[(len(ordered) - 1) // 2]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", choices=("pipeline", "spmd"), default="pipeline")
     parser.add_argument("--only", default="", help="spmd rows whose name contains this")
+    parser.add_argument(
+        "--rounds", type=int, default=1, help="spmd rows: runs of each, alternating; the median"
+    )
+    parser.add_argument(
+        "--phases", action="store_true", help="spmd rows: print each rank's time per step phase"
+    )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--dim", type=int, default=128)

@@ -4,6 +4,7 @@ parameter server's throughput with its servers dealt over the hosts or on one (a
     .venv/bin/python benchmarks/multi_host.py --part dp --rate-mbit 100 --rounds 2
     .venv/bin/python benchmarks/multi_host.py --part dp --rate-mbit 1000 --rounds 2
     .venv/bin/python benchmarks/multi_host.py --part ps --rate-mbit 100 --rounds 2
+    .venv/bin/python benchmarks/multi_host.py --part mesh --rate-mbit 100 --rounds 2
 
 Builds a cluster of `--hosts` hosts in network namespaces (tests/cluster/netns.py:
 own address and host name, a bridge between them, every host's link shaped to
@@ -23,6 +24,18 @@ servers: on ranks 0 and 2, one per host (`colocate_by_host = true`, the default)
 or on ranks 0 and 1, both on host 0. Triples/s of training time (the sum of
 samples over the sum of step times in rank 0's metrics.jsonl, like
 benchmarks/kge_ps_scaling.py), after `--skip` steps.
+
+`--part mesh`: the lm task on tinyshakespeare (../shared/datasets/tinyshakespeare, 1% held out;
+dim 64, 4 heads, 4 layers, context 128, global batch 16, AdamW) under `hybrid`
+`{ data = 2, tensor = 2 }`, started as a Slurm step with srun's cyclic
+distribution (ranks 0, 2 on host 0; 1, 3 on host 1; one `python -m shoal train`
+per task with srun's variables, tests/cluster/jobs.py): laid out by host
+(`place_by_host = true`: tensor groups {0, 2} and {1, 3} inside the hosts, FSDP's
+data dimension across) or in rank order (`false`: tensor groups {0, 1} and
+{2, 3} across the hosts, data inside). Step time as for `--part dp`. The model is
+small against its activations (1,024 tokens per data rank and step, dim 64), as
+tensor parallelism's is on a real machine: its per-block all-reduces of
+activations are the heavy traffic, FSDP's gathers of the parameters the light.
 """
 
 from __future__ import annotations
@@ -37,7 +50,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tests.cluster.jobs import start_torchrun  # noqa: E402
+from tests.cluster.jobs import start_slurm, start_torchrun  # noqa: E402
 from tests.cluster.netns import Cluster, unavailable  # noqa: E402
 
 CONTENDERS: dict[str, dict[str, Any]] = {
@@ -52,7 +65,35 @@ CONTENDERS: dict[str, dict[str, Any]] = {
 
 
 PS_CONTENDERS: dict[str, bool] = {"servers on both hosts": True, "servers on host 0": False}
+MESH_CONTENDERS: dict[str, bool] = {"placed by host": True, "rank order": False}
 FB15K = REPO.parent / "shared" / "datasets" / "fb15k-237"
+SHAKESPEARE = REPO.parent / "shared" / "datasets" / "tinyshakespeare" / "input.txt.gz"
+
+
+def mesh_job(by_host: bool, args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "task": {
+            "type": "lm",
+            "data": {"train": str(SHAKESPEARE), "split": 0.99},
+            "model": {"dim": 64, "heads": 4, "layers": 4, "context": 128},
+        },
+        "strategy": {
+            "type": "hybrid",
+            "mesh": {"data": args.hosts, "tensor": args.per_host},
+            "place_by_host": by_host,
+        },
+        "train": {
+            "max_steps": args.steps,
+            "batch_size": 16,
+            "drop_last": True,
+            "seed": 0,
+            "optimizer": {"kind": "adamw", "lr": 1e-3},
+            "eval_every_epochs": 0,
+        },
+        "checkpoint": {"every_epochs": 0, "at_end": False, "keep_best": False},
+        "monitor": {"log_every_steps": 1, "progress": "off"},
+        "faults": {"timeout_s": 600},
+    }
 
 
 def ps_job(by_host: bool, args: argparse.Namespace) -> dict[str, Any]:
@@ -136,7 +177,7 @@ def triples_per_s(run_dir: Path, skip: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--part", choices=["dp", "ps"], default="dp")
+    parser.add_argument("--part", choices=["dp", "ps", "mesh"], default="dp")
     parser.add_argument("--hosts", type=int, default=2)
     parser.add_argument("--per-host", type=int, default=2, help="ranks per host")
     parser.add_argument("--rate-mbit", type=float, default=100.0)
@@ -150,7 +191,12 @@ def main() -> None:
     if why_not:
         sys.exit(why_not)
     args.work.mkdir(parents=True, exist_ok=True)
-    table = CONTENDERS if args.part == "dp" else PS_CONTENDERS
+    tables: dict[str, dict[str, Any]] = {
+        "dp": CONTENDERS,
+        "ps": PS_CONTENDERS,
+        "mesh": MESH_CONTENDERS,
+    }
+    table = tables[args.part]
     contenders = args.contenders or list(table)
     found: dict[str, list[float]] = {name: [] for name in contenders}
     with Cluster(args.hosts, tag="bench") as cluster:
@@ -161,20 +207,26 @@ def main() -> None:
             for name in contenders:
                 label = "".join(c for c in name if c.isalnum())
                 run_name = f"{args.part}-{label}-{round_}-{int(args.rate_mbit)}"
-                if args.part == "dp":
-                    job = dp_job(CONTENDERS[name], args)
+                if args.part == "mesh":
+                    job = mesh_job(MESH_CONTENDERS[name], args)
+                    run = start_slurm(cluster, job, args.work, run_name, args.per_host, cyclic=True)
                 else:
-                    job = ps_job(PS_CONTENDERS[name], args)
-                run = start_torchrun(cluster, job, args.work, run_name, args.per_host)
+                    if args.part == "dp":
+                        job = dp_job(CONTENDERS[name], args)
+                    else:
+                        job = ps_job(PS_CONTENDERS[name], args)
+                    run = start_torchrun(cluster, job, args.work, run_name, args.per_host)
                 run.wait(3000).check()
-                measure = step_seconds if args.part == "dp" else triples_per_s
+                measure = triples_per_s if args.part == "ps" else step_seconds
                 found[name].append(measure(run.run_dir, args.skip))
-                unit = "s/step" if args.part == "dp" else "triples/s"
+                unit = "triples/s" if args.part == "ps" else "s/step"
                 print(f"round {round_ + 1} {name}: {found[name][-1]:.3f} {unit}", flush=True)
     if args.part == "dp":
         dp_table(found, args.rounds)
+    elif args.part == "mesh":
+        versus_table(found, "rank order", ("data 2 x tensor 2", "step (s)"), args.rounds, False)
     else:
-        ps_table(found, args.rounds)
+        versus_table(found, "servers on host 0", ("servers", "triples/s"), args.rounds, True)
 
 
 def dp_table(times: dict[str, list[float]], rounds: int) -> None:
@@ -190,15 +242,22 @@ def dp_table(times: dict[str, list[float]], rounds: int) -> None:
         print(f"| {name} | {median:.3f} | {cells} | {vs_native} | {vs_ring} |")
 
 
-def ps_table(rates: dict[str, list[float]], rounds: int) -> None:
-    base = statistics.median(rates["servers on host 0"]) if rates.get("servers on host 0") else None
-    print(f"\n| servers | triples/s, median of {rounds} | rounds | vs on host 0 |")
+def versus_table(
+    found: dict[str, list[float]], base: str, head: tuple[str, str], rounds: int, rate: bool
+) -> None:
+    """One row per contender: median, rounds, ratio against `base` (> 1: better; `rate`:
+    higher is better, else a time)."""
+    reference = statistics.median(found[base]) if found.get(base) else None
+    print(f"\n| {head[0]} | {head[1]}, median of {rounds} | rounds | vs {base} |")
     print("|---|---|---|---|")
-    for name, found in rates.items():
-        median = statistics.median(found)
-        cells = " ".join(f"{t:,.0f}" for t in found)
-        ratio = f"{median / base:.2f}x" if base else "-"
-        print(f"| {name} | {median:,.0f} | {cells} | {ratio} |")
+    form = "{:,.0f}" if rate else "{:.3f}"
+    for name, values in found.items():
+        median = statistics.median(values)
+        cells = " ".join(form.format(v) for v in values)
+        ratio = "-"
+        if reference:
+            ratio = f"{(median / reference if rate else reference / median):.2f}x"
+        print(f"| {name} | {form.format(median)} | {cells} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -125,17 +125,19 @@ def start_torchrun(
 
 
 def slurm_env(
-    cluster: Cluster, hosts: list[Host], tasks_per_node: int, rank: int
+    cluster: Cluster, hosts: list[Host], tasks_per_node: int, rank: int, cyclic: bool = False
 ) -> dict[str, str]:
-    """What srun sets for task `rank` of a step of `tasks_per_node` tasks on each of `hosts`."""
-    node = rank // tasks_per_node
+    """What srun sets for task `rank` of a step of `tasks_per_node` tasks on each of `hosts`
+    (`cyclic`: srun --distribution=cyclic, ranks dealt over the nodes in turn)."""
+    node = rank % len(hosts) if cyclic else rank // tasks_per_node
+    local = rank // len(hosts) if cyclic else rank % tasks_per_node
     first, last = hosts[0].index, hosts[-1].index
     nodelist = f"{cluster.prefix}-h[{first}-{last}]" if len(hosts) > 1 else hosts[0].name
     return {
         "SLURM_JOB_ID": str(SLURM_JOB_ID),
         "SLURM_STEP_ID": "0",
         "SLURM_PROCID": str(rank),
-        "SLURM_LOCALID": str(rank % tasks_per_node),
+        "SLURM_LOCALID": str(local),
         "SLURM_NODEID": str(node),
         "SLURM_NTASKS": str(len(hosts) * tasks_per_node),
         "SLURM_STEP_NUM_TASKS": str(len(hosts) * tasks_per_node),
@@ -154,13 +156,16 @@ def start_slurm(
     tasks_per_node: int = 2,
     hosts: list[Host] | None = None,
     env: dict[str, str] | None = None,
+    cyclic: bool = False,
 ) -> ClusterRun:
-    """`srun --ntasks-per-node T shoal train job.toml` over `hosts`: every task started here."""
+    """`srun --ntasks-per-node T shoal train job.toml` over `hosts`: every task started here
+    (`cyclic`: `--distribution=cyclic`, task r on node r mod nodes)."""
     hosts = hosts or cluster.hosts
     job, run_dir = write_job(config, folder, name)
     run = ClusterRun(cluster, run_dir, folder)
     for rank in range(len(hosts) * tasks_per_node):
-        task_env = clean_env(**slurm_env(cluster, hosts, tasks_per_node, rank), **(env or {}))
+        where = slurm_env(cluster, hosts, tasks_per_node, rank, cyclic)
+        task_env = clean_env(**where, **(env or {}))
         cmd = [sys.executable, "-m", "shoal", "train", str(job)]
-        run.start(hosts[rank // tasks_per_node], cmd, task_env, f"{name}-task{rank}")
+        run.start(hosts[int(where["SLURM_NODEID"])], cmd, task_env, f"{name}-task{rank}")
     return run

@@ -1,12 +1,16 @@
-"""A parameter server killed in sync mode: the launcher restarts the job, the server comes back
-with its shard and row-optimizer state from the newest checkpoint, and the tables end as those
-of a run never interrupted."""
+"""A parameter server killed in sync mode comes back with its shard and row-optimizer state from
+the newest checkpoint, and the tables end as those of a run never interrupted.
+
+A dedicated server is restarted alone: the workers keep their processes, reconnect and send
+again their pushes since the server's restored clock (strategies/parameter_server/rejoin.py).
+A co-located server shares a worker's process: the launcher restarts the whole job."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
+import pytest
 import torch
 
 import shoal
@@ -16,25 +20,63 @@ from tests.strategies.parameter_server.test_jobs import graph, job, ps, ps_table
 __all__ = ["graph"]  # the module-scoped fixture, shared with the parameter-server tests
 
 
+@pytest.mark.parametrize(("placement", "rank"), [("dedicated", 3), ("colocated", 1)])
 def test_a_server_killed_in_sync_mode_comes_back_and_the_job_ends_exactly(
-    runs: Path, graph: dict[str, str]
+    runs: Path, graph: dict[str, str], placement: str, rank: int
 ) -> None:
     lazy_adam = {"kind": "lazy_adam", "lr": 0.01}  # row-optimizer state on the servers
-    strategy = ps(optimizer=lazy_adam)
-    full = shoal.train(job(runs, graph, "full", strategy=strategy))
+    strategy = ps(optimizer=lazy_adam, placement=placement)
+    full = shoal.train(job(runs, graph, f"full-{placement}", strategy=strategy))
     faults = {"max_restarts": 1, "restart_backoff_s": 0.1,
-              "inject": {"rank": 3, "step": 5, "kind": "exit"}}  # fmt: skip
+              "inject": {"rank": rank, "step": 5, "kind": "exit"}}  # fmt: skip
     restarted = shoal.train(
-        job(runs, graph, "restarted", strategy=strategy, checkpoint={"every_steps": 3},
-            faults=faults)
+        job(runs, graph, f"restarted-{placement}", strategy=strategy,
+            checkpoint={"every_steps": 3}, faults=faults)
     )  # fmt: skip
     assert restarted["restarts"] == 1 and restarted["steps"] == full["steps"]
     failure = restarted["failures"][0]
-    assert failure["rank"] == 3 and failure["reason"].startswith("rank 3 exited with code 17")
+    assert failure["rank"] == rank
+    assert failure["reason"].startswith(f"rank {rank} exited with code 17")
     assert failure["resume_step"] == 3
     a, b = ps_tables(full), ps_tables(restarted)
     for name in a:
         assert torch.equal(a[name], b[name]), name
-    kinds = [e["event"] for e in events(Path(restarted["run_dir"]))]
+    run_dir = Path(restarted["run_dir"])
+    kinds = [e["event"] for e in events(run_dir)]
     assert kinds.count("restart") == 1
-    assert json.loads((Path(restarted["run_dir"]) / "status.json").read_text())["state"] == "done"
+    assert json.loads((run_dir / "status.json").read_text())["state"] == "done"
+    logs = {r: (run_dir / "logs" / f"rank-{r}.log").read_text() for r in range(rank + 1)}
+    if placement == "colocated":  # every rank started twice, from checkpoint step 3
+        assert failure["alone"] is False and failure["lost_steps"] >= 1
+        assert all(log.count(" joined (") == 2 for log in logs.values())
+        return
+    # only the server's process was started again: each worker joined once, kept its
+    # steps (none lost) and sent the server its pushes since the checkpoint of step 3
+    assert failure["alone"] is True and failure["lost_steps"] == 0
+    assert logs[3].count(" joined (") == 1 and "server 1 restarted alone at clock 3" in logs[3]
+    for worker in (0, 1):
+        assert logs[worker].count(" joined (") == 1
+        assert "server 1 (rank 3) came back at clock 3 (restart 1)" in logs[worker]
+
+
+def test_a_server_killed_in_async_mode_comes_back_alone_and_the_workers_go_on(
+    runs: Path, graph: dict[str, str]
+) -> None:
+    """Async: the replayed pushes are applied in a new order, so the tables differ from an
+    uninterrupted run's (as two async runs differ); the workers keep their processes."""
+    faults = {"max_restarts": 1, "restart_backoff_s": 0.1,
+              "inject": {"rank": 2, "step": 4, "kind": "exit"}}  # fmt: skip
+    restarted = shoal.train(
+        job(runs, graph, "restarted-async", strategy=ps(mode="async"),
+            checkpoint={"every_steps": 3}, faults=faults)
+    )  # fmt: skip
+    failure = restarted["failures"][0]
+    assert restarted["restarts"] == 1 and failure["alone"] is True and failure["rank"] == 2
+    run_dir = Path(restarted["run_dir"])
+    for worker in (0, 1):
+        log = (run_dir / "logs" / f"rank-{worker}.log").read_text()
+        assert log.count(" joined (") == 1 and "server 0 (rank 2) came back at clock" in log
+    section = restarted["parameter_server"]
+    steps = restarted["steps"]
+    # each worker pushed each server once a clock (replays are not counted again)
+    assert section["pushes"] == 2 * 2 * steps

@@ -32,6 +32,14 @@ group, and the timeout field. Bytes are counted here, payload only: sent when
 handed to a send, received when a receive completes (the size of the buffer it
 filled: a sender may send less, as a PS server's error reply does). An `audit`
 hook, when set, sees every tensor that crosses (federated's `audit_wire`).
+
+A rank restarted alone (a parameter server, `strategies/parameter_server/rejoin.py`)
+cannot enter the groups the job made at its start: a gloo group connects all its
+ranks once, collectively, and torch has no call that swaps one rank of it. Its
+messages then go through :class:`PairGroups`: one two-rank gloo group per peer,
+built outside torch's registry on a store prefix of its own when the pair first
+talks, so each survivor joins when it notices the restart, with no collective
+among the survivors (who may be busy, or waiting on each other).
 """
 
 from __future__ import annotations
@@ -41,6 +49,7 @@ import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -88,6 +97,35 @@ def nbytes(tensor: torch.Tensor) -> int:
     return tensor.numel() * tensor.element_size()
 
 
+class PairGroups:
+    """Point-to-point links of a rank with its peers, each a two-rank gloo group of its own.
+
+    Built on first use (both sides must get there, each within `timeout_s`) under
+    `prefix` in the job's store; the lower global rank is rank 0 of the pair. Torch does
+    not know these groups (`dist.isend` resolves a peer through its registry), so
+    messages are posted on the group objects themselves."""
+
+    def __init__(self, store: dist.Store, prefix: str, rank: int, timeout_s: float) -> None:
+        self.store, self.prefix, self.rank, self.timeout_s = store, prefix, rank, timeout_s
+        self._groups: dict[int, Any] = {}  # gloo groups (their stubs lack send/recv)
+        self._locks: dict[int, threading.Lock] = {}
+        self._lock = threading.Lock()
+
+    def group(self, peer: int) -> tuple[Any, int]:
+        """(the pair's group, the peer's rank in it), connecting it if it is new (one lock
+        per peer: a peer slow to join holds up no other pair)."""
+        with self._lock:
+            lock = self._locks.setdefault(peer, threading.Lock())
+        with lock:
+            if peer not in self._groups:
+                low, high = sorted((self.rank, peer))
+                store = dist.PrefixStore(f"{self.prefix}/{low}-{high}", self.store)
+                timeout = datetime.timedelta(seconds=self.timeout_s)
+                mine = 0 if self.rank == low else 1
+                self._groups[peer] = dist.ProcessGroupGloo(store, mine, 2, timeout)
+            return self._groups[peer], 1 if self.rank == min(self.rank, peer) else 0
+
+
 @dataclass
 class CommGroup:
     """This rank's place in a private process group, and every message it sends or receives.
@@ -106,6 +144,8 @@ class CommGroup:
     timeout_field: str = "faults.timeout_s"
     device: torch.device = field(default_factory=lambda: torch.device("cpu"))
     audit: Audit | None = None
+    #: a rank restarted alone and its peers: messages go over pairs (see the module docstring)
+    pairs: PairGroups | None = None
     sent_bytes: int = 0
     received_bytes: int = 0
     #: counts may come from several threads (a server's per-rank receive threads)
@@ -140,7 +180,7 @@ class CommGroup:
         work = None
         if tensor.numel():
             try:
-                work = dist.irecv(tensor, peer, group=self.group, tag=tag)
+                work = self._post(False, tensor, peer, tag)
             except RuntimeError as exc:  # the connection to the peer is gone already
                 raise PeerTimeout(self._posting(what, peer, role, "from", exc)) from exc
         return Transfer(self, peer, "from", what, work, tensor, role)
@@ -152,11 +192,19 @@ class CommGroup:
         work = None
         if tensor.numel():
             try:
-                work = dist.isend(tensor, peer, group=self.group, tag=tag)
+                work = self._post(True, tensor, peer, tag)
             except RuntimeError as exc:
                 raise PeerTimeout(self._posting(what, peer, role, "to", exc)) from exc
             self.count(what, "sent", tensor)
         return Transfer(self, peer, "to", what, work, tensor, role)
+
+    def _post(self, send: bool, tensor: torch.Tensor, peer: int, tag: int) -> dist.Work | None:
+        if self.pairs is not None:
+            group, other = self.pairs.group(peer)
+            return group.send([tensor], other, tag) if send else group.recv([tensor], other, tag)
+        if send:
+            return dist.isend(tensor, peer, group=self.group, tag=tag)
+        return dist.irecv(tensor, peer, group=self.group, tag=tag)
 
     def exchange(
         self,

@@ -148,7 +148,7 @@ class LocalLauncher:
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", 0))  # loopback only; the OS picks a free port
         listener.listen(128)
-        port = listener.getsockname()[1]
+        port = self._port = listener.getsockname()[1]
         store = dist.TCPStore(
             "127.0.0.1",
             port,
@@ -247,12 +247,14 @@ class LocalLauncher:
             env.setdefault("GLOO_SOCKET_IFNAME", loopback)  # gloo listens on loopback only
         return env
 
-    def _spawn(self, rank: int, port: int, resume: str | None) -> _Worker:
+    def _spawn(self, rank: int, port: int, resume: str | None, rejoin: bool = False) -> _Worker:
         cmd = ["--run-dir", str(self.paths.root)]
         if resume:
             cmd += ["--resume", resume]
         if self.restarts.count:
             cmd += ["--restart", str(self.restarts.count)]
+        if rejoin:
+            cmd.append("--rejoin")
         if self.config_file is not None:
             cmd += ["--config", str(self.config_file)]
         if self.allow_changes:
@@ -315,12 +317,16 @@ class LocalLauncher:
             if self.restarts.pending_step is not None:  # a restart's first step, to the poll
                 self._recovered()  # (before a failure: the step may have come just before it)
             failed = [w for w in self.workers if w.process.returncode not in (None, 0, *STOP_CODES)]
+            if len(failed) == 1 and self._restart_alone(failed[0], None):
+                continue
             if failed:
                 return self._failure(failed)
             if None not in codes:  # every worker ended, some of them on a stop request
                 raise self._stopped()
             if now >= next_check:
                 lost = self._lost_worker(now, now - started)
+                if lost and self._restart_alone(self.workers[lost[0]], lost[1]):
+                    lost = None
                 if lost:
                     self._recovered()
                     rank, message = lost
@@ -332,6 +338,45 @@ class LocalLauncher:
                 self._update_board()
                 next_check = now + HEARTBEAT_CHECK_S
             time.sleep(POLL_S)
+
+    def _restart_alone(self, worker: _Worker, lost: str | None) -> bool:
+        """A rank that died (or, `lost`: hung, stopped) restarted on its own while the others
+        run on, if its strategy can (`Strategy.restarts_alone`: a parameter server) and
+        `[faults]` allows another restart; False: the whole job fails or restarts."""
+        rank = worker.rank
+        alone, note = strategy_class(self.config.strategy).restarts_alone(self.config, rank)
+        if note:
+            _notice(note)
+        if not alone or self._stop_signal:
+            return False
+        steps = self.reader.steps([w.rank for w in self.workers])
+        step = max(steps.values(), default=-1)
+        if lost is not None:
+            error: ShoalError = JobFailed(lost)
+        else:
+            report = read_report(self.paths.error_file(rank)) or self.reader.report(rank)
+            if report and report.get("user_error"):
+                return False
+            error = self._describe(worker, report, steps.get(rank, -1), [])
+        failure = Failure(error, rank, step, restartable=True)
+        if not self.restarts.allows(failure):
+            return False
+        try:
+            point = newest_state(self.paths, self.resume_from, self._snapshots)
+        except ShoalError:
+            return False  # the whole job fails or restarts, and says why
+        if lost is not None:  # hung or stopped: its connections must close for the others
+            with contextlib.suppress(ProcessLookupError):
+                worker.process.kill()
+            worker.process.wait(timeout=KILL_GRACE_S)
+        self.restarts.failed(failure)
+        _notice(self.restarts.restarting(failure, point, 0.0, alone=True))
+        if worker.output is not None:
+            worker.output.close()
+        self.paths.error_file(rank).unlink(missing_ok=True)
+        self.workers[rank] = self._spawn(rank, self._port, point.path, rejoin=True)
+        self._stopped_since.pop(rank, None)
+        return True
 
     def _recovered(self) -> None:
         """Whether a rank's heartbeat shows the first step after the pending restart."""

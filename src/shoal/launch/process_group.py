@@ -66,14 +66,20 @@ class Placement:
         )
 
 
-def join_process_group(
-    config: ShoalConfig, placement: Placement, store: dist.Store | None = None
-) -> tuple[torch.device, str]:
-    """Pick device and backend, share the CPU cores, join the group; returns (device, backend)."""
+def choose_device(config: ShoalConfig, placement: Placement) -> tuple[torch.device, str]:
+    """Pick device and backend and share the CPU cores; returns (device, backend)."""
     device = pick_device(config.run, placement.local_rank)
     backend = pick_backend(config.run, device)
     if device.type == "cpu":
         set_cpu_threads(config.run, placement.local_world_size)
+    return device, backend
+
+
+def join_process_group(
+    config: ShoalConfig, placement: Placement, store: dist.Store | None = None
+) -> tuple[torch.device, str]:
+    """Pick device and backend, share the CPU cores, join the group; returns (device, backend)."""
+    device, backend = choose_device(config, placement)
     init_process_group(
         backend, placement.rank, placement.world_size, config.faults.timeout_s, store, device
     )

@@ -24,6 +24,7 @@ from shoal.launch.job import run_job
 from shoal.launch.process_group import (
     LAUNCHER_ENV,
     Placement,
+    choose_device,
     exit_process,
     join_process_group,
     shutdown_process_group,
@@ -77,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--config", default=None, help="config file (default: the run's)")
     parser.add_argument("--allow-changes", action="store_true", help="see shoal train")
     parser.add_argument("--restart", type=int, default=0, help="restarts before this attempt")
+    parser.add_argument(
+        "--rejoin", action="store_true", help="replace a dead rank while the others run on"
+    )
     args = parser.parse_args(argv)
     _die_with_launcher()
     signer = Signer.from_env()
@@ -106,8 +110,12 @@ def main(argv: list[str] | None = None) -> int:
                 timeout=datetime.timedelta(seconds=faults.start_timeout_s),
                 wait_for_workers=False,
             )
-            device, backend = join_process_group(config, placement, store)
-            log.info("rank %d of %d joined (%s on %s)", rank, world_size, backend, device)
+            if args.rejoin:  # the job's groups are formed: the strategy connects on its own
+                device, backend = choose_device(config, placement)
+                log.info("rank %d of %d restarted alone (%s)", rank, world_size, backend)
+            else:
+                device, backend = join_process_group(config, placement, store)
+                log.info("rank %d of %d joined (%s on %s)", rank, world_size, backend, device)
             ctx = WorkerContext(
                 config=config,
                 paths=paths,
@@ -124,6 +132,8 @@ def main(argv: list[str] | None = None) -> int:
                 allow_changes=args.allow_changes,
                 heartbeat=heartbeat,
                 restart=args.restart,
+                store=store,
+                rejoin=args.rejoin,
             )
             run_job(ctx)
         return 0

@@ -129,9 +129,13 @@ class RestartLog:
             },
         )
 
-    def restarting(self, failure: Failure, point: ResumePoint, backoff_s: float) -> str:
-        """Record a restart about to happen; returns its log line."""
-        lost = max(0, failure.step - max(point.step, 0))
+    def restarting(
+        self, failure: Failure, point: ResumePoint, backoff_s: float, alone: bool = False
+    ) -> str:
+        """Record a restart about to happen; returns its log line. `alone`: only the failed
+        rank restarts, from `point`, while the others keep their state: no step is redone,
+        and it has recovered once the job passes the step it had reached."""
+        lost = 0 if alone else max(0, failure.step - max(point.step, 0))
         record = {
             "restart": self.count + 1,
             "rank": failure.rank,
@@ -144,11 +148,19 @@ class RestartLog:
             "detected": failure.detected,
             "recovered": None,
             "recovery_s": None,
+            "alone": alone,
+            "awaits_step": failure.step if alone else point.step,
         }
         self.records.append(record)
         self._pending = record
         append_event(self.paths.metrics, {"event": "restart", **record, "time": time.time()})
         where = f"checkpoint step {point.step}" if point.path else "the job's start"
+        if alone:
+            return (
+                f"{failure.reason}; restart {self.count} of {self.faults.max_restarts} "
+                f"(faults.max_restarts): rank {failure.rank} alone, from {where}; the other "
+                "ranks keep running, no step lost"
+            )
         return (
             f"{failure.reason}; restart {self.count} of {self.faults.max_restarts} "
             f"(faults.max_restarts) from {where}, {lost} steps lost, after {backoff_s:g} s"
@@ -172,7 +184,7 @@ class RestartLog:
         restart's recovery ends if that is past the resumed state. Returns its log line
         (None: nothing pending or not yet)."""
         record = self._pending
-        if record is None or step <= record["resume_step"]:
+        if record is None or step <= record["awaits_step"]:
             return None
         now = at
         record["recovered"] = now

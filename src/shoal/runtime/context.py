@@ -49,6 +49,11 @@ class WorkerContext:
     #: whose ranks have different roles (parameter-server workers and servers) runs the
     #: trainer on a context of its workers only.
     group: Any = None
+    #: the job's store (a torch.distributed Store) under shoal's launcher, else None
+    store: Any = None
+    #: this process replaces a rank that died while the others kept running (the launcher
+    #: restarted it alone, `Strategy.restarts_alone`): it joined no process group of the job
+    rejoin: bool = False
 
     @property
     def is_main(self) -> bool:

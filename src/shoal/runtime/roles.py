@@ -9,14 +9,19 @@ hosts which federated client or population member (`owner`, `hosted_by`).
 
 Issue 12 extends it with mesh dimensions over the workers (data x pipeline x
 tensor): `dims` names each dimension's size, their product is the number of
-workers, and the groups of a dimension are derived here, once.
+workers, and the groups of a dimension are derived here, once. `workers` lists
+the rank at each point of the mesh (row-major): rank order on one host, laid out
+by host across hosts (`runtime/placement.py`: tensor, then pipeline, inside a host).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 from shoal.errors import ShoalError
+from shoal.runtime.hosts import Hosts
+from shoal.runtime.placement import INNER, dimension_groups, mesh_order, placement_report
 
 
 @dataclass(frozen=True)
@@ -35,6 +40,8 @@ class RankRoles:
     #: the worker index of each item when they are not dealt round-robin (a balanced
     #: placement, `placed`); empty: item m on worker m mod workers
     placement: tuple[int, ...] = ()
+    #: the mesh's points were given to ranks by host (`mesh(..., hosts)`)
+    by_host: bool = False
 
     # ------------------------------------------------------------ constructors
     @classmethod
@@ -43,10 +50,15 @@ class RankRoles:
         return cls(world_size, tuple(range(world_size)), dims={"data": world_size})
 
     @classmethod
-    def mesh(cls, world_size: int, dims: dict[str, int]) -> RankRoles:
+    def mesh(cls, world_size: int, dims: dict[str, int], hosts: Hosts | None = None) -> RankRoles:
         """Every rank trains at a point of a mesh (tensor_parallel, fully_sharded, hybrid):
-        `dims` in order, outermost first; rank = row-major index of its coordinates."""
-        return cls(world_size, tuple(range(world_size)), dims=dict(dims))
+        `dims` in order, outermost first. Without `hosts` the rank at a point is the
+        row-major index of its coordinates; with them the inner dimensions lie inside a
+        host where they fit (`placement.mesh_order`)."""
+        if hosts is None or hosts.world_size != world_size:
+            return cls(world_size, tuple(range(world_size)), dims=dict(dims))
+        order = tuple(mesh_order(hosts.groups, dims))
+        return cls(world_size, order, dims=dict(dims), by_host=True)
 
     @classmethod
     def hosting(cls, world_size: int, item: str, items: int, items_field: str = "") -> RankRoles:
@@ -91,6 +103,18 @@ class RankRoles:
             coords[name] = index % size
             index //= size
         return {name: coords[name] for name in self.dims}
+
+    def groups(self, dim: str) -> list[list[int]]:
+        """The ranks of each group of mesh dimension `dim`, in coordinate order."""
+        return dimension_groups(self.workers, self.dims, dim)
+
+    def mesh_placement(self, hosts: Hosts) -> tuple[str, list[str], dict[str, Any]] | None:
+        """For a mesh with a tensor or pipeline dimension: the log line saying which ranks
+        form each group on which hosts, a warning when tensor groups span hosts, and the
+        metrics.jsonl record (None: nothing is placed)."""
+        if not any(name in self.dims for name in INNER) or hosts.world_size != self.world_size:
+            return None
+        return placement_report(self.workers, self.dims, hosts.host_of, hosts.names, self.by_host)
 
     def hosted_by(self, rank: int) -> list[int]:
         return [m for m in range(self.items) if self.owner(m) == rank]

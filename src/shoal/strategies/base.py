@@ -101,6 +101,13 @@ class Strategy(ABC):
         return f"rank {rank}"
 
     @classmethod
+    def restarts_alone(cls, config: ShoalConfig, rank: int) -> tuple[bool, str | None]:
+        """Whether the launcher may restart `rank` alone when it dies, the others running on
+        (a parameter server: strategies/parameter_server/rejoin.py), and a note for the log
+        when a rank one might expect to be restarted alone is not (None: nothing to say)."""
+        return False, None
+
+    @classmethod
     def check(cls, config: ShoalConfig) -> None:
         """Checks across config sections that no single section can make; raise ConfigError."""
         return None

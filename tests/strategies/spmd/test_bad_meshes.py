@@ -66,6 +66,12 @@ LM = (
             "bad.toml:17: strategy.mesh.data: must be at least 1, got 0",
         ),
         (
+            'type = "hybrid"\nmesh = { data = 2, pipeline = 2 }\nschedule = "interleaved_1f1b"\n',
+            "bad.toml:17: strategy.mesh.pipeline: 4 stages (2 ranks x 2 virtual stages) need at "
+            "least as many blocks; the model has 2 (task.model.layers): use fewer stages or more "
+            "layers",
+        ),
+        (
             'type = "fully_sharded"\nsequence_parallel = true\n',
             "bad.toml:17: strategy.sequence_parallel: needs a tensor dimension larger than 1",
         ),
@@ -80,6 +86,7 @@ LM = (
         "sp-with-pipeline",
         "rebalance-in-a-mesh",
         "zero",
+        "interleaved-stages-beyond-the-blocks",
         "sp-without-tensor",
     ],
 )

@@ -1,12 +1,13 @@
 """hybrid meshes with a pipeline dimension reproduce local; their DCP checkpoints resume.
 
-Four gloo ranks, a 4-block lm, AdamW with weight decay, clipping by the global norm,
-warm-up then cosine decay; dropout 0 where runs are compared with `local` (each stage
+Four gloo ranks (eight for the slow 3-D mesh), a 4-block lm, AdamW with weight decay,
+clipping by the global norm, warm-up then cosine decay; dropout 0 where runs are compared with `local` (each stage
 draws dropout from its own rank's generator), 0.1 for the exact resume.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import shoal
 from shoal.checkpoint.manager import list_checkpoints
 from shoal.checkpoint.sharded import SHARDED_DIR
 from shoal.errors import JobFailed, TrainingHalted
+from shoal.runtime.roles import RankRoles
 from tests.strategies.spmd.test_equivalence import assert_same, final_model
 from tests.tasks.lm.helpers import lm_job, write_text
 
@@ -54,22 +56,51 @@ def local(tmp_path_factory: pytest.TempPathFactory, text: Path) -> dict[str, Any
         hybrid({"data": 2, "pipeline": 2}),
         hybrid({"data": 2, "pipeline": 2}, data="replicated", schedule="gpipe"),
         hybrid({"pipeline": 2, "tensor": 2}, partitions=[[0, 0], [1, 3]]),
+        # two virtual stages a rank (4 stages of one block): slow, 4 processes
+        pytest.param(
+            hybrid({"data": 2, "pipeline": 2}, schedule="interleaved_1f1b"),
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            hybrid(
+                {"data": 2, "pipeline": 2},
+                data="replicated",
+                schedule="interleaved_1f1b",
+                partitions=[[0, 0], [1, 1], [2, 2], [3, 3]],
+            ),
+            marks=pytest.mark.slow,
+        ),
+        # a 3-D mesh: 8 processes on this machine's 2 cores, slow
+        pytest.param(
+            hybrid({"data": 2, "pipeline": 2, "tensor": 2}, partitions=[[0, 1], [2, 3]]),
+            marks=pytest.mark.slow,
+        ),
     ],
-    ids=["data2xpipeline2", "data2xpipeline2-replicated-gpipe", "pipeline2xtensor2"],
+    ids=[
+        "data2xpipeline2",
+        "data2xpipeline2-replicated-gpipe",
+        "pipeline2xtensor2",
+        "data2xpipeline2-interleaved",
+        "data2xpipeline2-replicated-interleaved",
+        "data2xpipeline2xtensor2",
+    ],
 )
 def test_equals_local(
     strategy: dict[str, Any], local: dict[str, Any], text: Path, tmp_path: Path
 ) -> None:
     results = shoal.train(lm_job(tmp_path / "runs", text, **COMMON, strategy=strategy))
-    assert results["steps"] == 4 and results["world_size"] == 4
+    world = math.prod(strategy["mesh"].values())
+    assert results["steps"] == 4 and results["world_size"] == world
     assert_same(final_model(local), final_model(results), atol=2e-5)
     assert results["valid"]["loss"] == pytest.approx(local["valid"]["loss"], abs=1e-5)
     assert results["train"]["loss"] == pytest.approx(local["train"]["loss"], abs=1e-5)
     section = results["pipeline"]
-    assert section["mesh"] == strategy["mesh"] and len(section["ranks"]) == 4
-    per_rank = {"data": [[0], [1], [0], [1]], "tensor": [[0], [0], [1], [1]]}
-    inner = "data" if "data" in strategy["mesh"] else "tensor"
-    assert [r["stages"] for r in section["ranks"]] == per_rank[inner]
+    assert section["mesh"] == strategy["mesh"] and len(section["ranks"]) == world
+    # loop placement along the pipeline coordinate: stages r, r + 2 under interleaving
+    held = [[0, 2], [1, 3]] if strategy.get("schedule") == "interleaved_1f1b" else [[0], [1]]
+    roles = RankRoles.mesh(world, strategy["mesh"])
+    expected = [held[roles.coordinates(rank)["pipeline"]] for rank in range(world)]
+    assert [r["stages"] for r in section["ranks"]] == expected
     if "partitions" in strategy:
         assert section["partition"] == strategy["partitions"]
 

@@ -178,6 +178,13 @@ class RowClient:
                 self.stats.pushes += 1
                 self.stats.rows_pushed += len(ids)
         self._pushed += 1
+        for link in self.links:  # a server found gone: reconnect now that all have the clock
+            link.heal()
+
+    def saved(self, clock: int) -> None:
+        """The servers wrote their state of `clock`: the links may forget older pushes."""
+        for link in self.links:
+            link.saved(clock)
 
     # ------------------------------------------------------------ control
     def control(self, op: Op, clock: int, blob: bytes = b"", fresh: bool = True) -> list[Any]:

@@ -75,7 +75,8 @@ class ShardFiles:
         return {a["file"]: a["sha256"] for a in answers}
 
     def written(self) -> None:
-        barrier(self.ctx)
+        barrier(self.ctx)  # rank 0 sealed the folder: a restarted server may resume from it
+        self.client.saved(self.progress.global_step)
 
 
 def server_section(

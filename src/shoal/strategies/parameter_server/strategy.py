@@ -30,6 +30,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from shoal.comm.links import CommGroup, PairGroups
 from shoal.config.root import ShoalConfig
 from shoal.errors import ConfigError, ShoalError
 from shoal.runtime.collectives import all_reduce_sum
@@ -42,6 +43,13 @@ from shoal.strategies.parameter_server.collaborators import ServedModel, ShardFi
 from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
 from shoal.strategies.parameter_server.endpoint import ServerEndpoint
 from shoal.strategies.parameter_server.learner import ServedRows, ServerLearner, ServerSync
+from shoal.strategies.parameter_server.rejoin import (
+    Announcement,
+    Rejoin,
+    Watcher,
+    announce,
+    pairs_prefix,
+)
 from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
 from shoal.strategies.parameter_server.server import ShardServer
 from shoal.strategies.parameter_server.sharding import table_owners
@@ -89,6 +97,23 @@ class ParameterServerStrategy(Strategy):
         return config.strategy.world_size
 
     @classmethod
+    def restarts_alone(cls, config: ShoalConfig, rank: int) -> tuple[bool, str | None]:
+        """A dedicated server, under `faults.max_restarts` (rejoin.py); a co-located one
+        shares a worker's process, whose state died with it."""
+        c = config.strategy
+        assert isinstance(c, ParameterServerStrategyConfig)
+        if not config.faults.max_restarts:
+            return False, None
+        if c.placement == "dedicated":
+            return rank >= c.num_workers, None
+        if rank in server_ranks(c, Hosts.single(c.world_size)):  # the launcher's: one host
+            return False, (
+                f"rank {rank} runs a worker beside its server (placement colocated): its "
+                "worker's state died with it, so every rank restarts"
+            )
+        return False, None
+
+    @classmethod
     def check(cls, config: ShoalConfig) -> None:
         if config.task.type != "kge":
             raise ConfigError(
@@ -116,10 +141,6 @@ class ParameterServerStrategy(Strategy):
         if not isinstance(task, KGETask):
             raise ShoalError("strategy parameter_server trains task type 'kge'")
         ctx, config = self.ctx, self.config
-        timeout = datetime.timedelta(seconds=ctx.config.faults.timeout_s)
-        self.peers = self.comm_group(backend="gloo")  # collective: all ranks
-        worker_ranks = list(self.roles.workers)
-        workers_group = dist.new_group(ranks=worker_ranks, timeout=timeout)
         self.task = task
         self.owners = {
             "entity": table_owners(
@@ -130,6 +151,13 @@ class ParameterServerStrategy(Strategy):
             ),
         }
         server = self.roles.server_of(ctx.rank)
+        if ctx.rejoin:
+            assert server is not None and not self.roles.is_worker(ctx.rank)
+            return self._serve_again(server)
+        timeout = datetime.timedelta(seconds=ctx.config.faults.timeout_s)
+        self.peers = self.comm_group(backend="gloo")  # collective: all ranks
+        worker_ranks = list(self.roles.workers)
+        workers_group = dist.new_group(ranks=worker_ranks, timeout=timeout)
         if not self.roles.is_worker(ctx.rank):  # a dedicated server
             assert server is not None
             self._endpoint(server, None).serve()
@@ -168,6 +196,8 @@ class ParameterServerStrategy(Strategy):
         )
         loop = StepLoop(worker_ctx, task, self, collaborators)
         results = self.drive(task, loop, worker_ctx)
+        if self.watcher is not None:
+            self.watcher.stop()
         self.client.bye()
         if thread is not None:
             thread.join(timeout=ctx.config.faults.timeout_s)
@@ -176,6 +206,39 @@ class ParameterServerStrategy(Strategy):
         return results
 
     # ------------------------------------------------------------ the server side
+    def _serve_again(self, server: int) -> dict[str, Any]:
+        """A dedicated server restarted alone (rejoin.py): its state from the newest the
+        launcher found (`--resume`, else the job's start), then pairs to each worker under
+        this restart's prefix, announced in the store with the clock of that state."""
+        ctx = self.ctx
+        timeout_s = ctx.config.faults.timeout_s
+        pairs = PairGroups(ctx.store, pairs_prefix(server, ctx.restart), ctx.rank, timeout_s)
+        self.peers = CommGroup(ctx.rank, ctx.world_size, ctx.hosts, timeout_s, pairs=pairs)
+        endpoint = self._endpoint(server, None)
+        clock = min(endpoint.server.received)
+        announce(ctx.store, server, Announcement(ctx.restart, clock))
+        ctx.log.info(
+            "server %d restarted alone at clock %d (restart %d): the workers reconnect and "
+            "send again their pushes since then",
+            server,
+            clock,
+            ctx.restart,
+        )
+        endpoint.serve()
+        return {"status": "completed", "role": f"server {server}"}
+
+    def _rejoin(self) -> Rejoin | None:
+        """A worker's means to reconnect to a server restarted alone (None: a dead server
+        ends the job, as every rank is then restarted or none is)."""
+        ctx = self.ctx
+        alone = any(self.restarts_alone(ctx.config, rank)[0] for rank in self.roles.servers)
+        if not alone or ctx.store is None or ctx.launch_mode != "shoal":
+            return None
+        faults = ctx.config.faults
+        return Rejoin(
+            ctx.store, ctx.rank, ctx.hosts, faults.start_timeout_s, faults.timeout_s, ctx.log
+        )
+
     def _endpoint(self, server: int, channel: LocalChannel | None) -> ServerEndpoint:
         ctx, config, task = self.ctx, self.config, self.task
         optimizer = build_row_optimizer(config.optimizer)
@@ -235,12 +298,13 @@ class ParameterServerStrategy(Strategy):
     def _start_worker(self, channel: LocalChannel | None) -> None:
         config, task = self.config, self.task
         links: list[Link] = []
+        rejoin = self._rejoin()
         for server in range(config.num_servers):
             rank = self.roles.servers[server]
             if channel is not None and rank == self.ctx.rank:
                 links.append(LocalLink(server, rank, channel))
             else:
-                links.append(RemoteLink(server, rank, self.peers))
+                links.append(RemoteLink(server, rank, self.peers, rejoin))
         widths = _widths(task)
         self.client = RowClient(
             self.ctx.rank,
@@ -251,6 +315,8 @@ class ParameterServerStrategy(Strategy):
             self.ctx.config.faults.timeout_s,
         )
         self.served = ServedRows(self.client, self.task.num_entities, self.task.relation_rows)
+        remote = [link for link in links if isinstance(link, RemoteLink)]
+        self.watcher = Watcher(rejoin, remote) if rejoin is not None else None
         self._check_budget(widths)
 
     def _check_budget(self, widths: tuple[int, int]) -> None:

@@ -18,6 +18,7 @@ server's side is `endpoint.py`.
 from __future__ import annotations
 
 import queue
+import threading
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -28,6 +29,7 @@ import torch
 
 from shoal.comm.links import CommGroup, PeerTimeout, Transfer
 from shoal.errors import JobFailed, ShoalError
+from shoal.strategies.parameter_server.rejoin import Announcement, PushLog, Rejoin
 from shoal.strategies.parameter_server.server import Reply
 from shoal.strategies.parameter_server.wire import (
     HEADER_LEN,
@@ -128,23 +130,66 @@ class Link(ABC):
     def flush(self, timeout_s: float) -> None:  # noqa: B027 - optional: in-process links send at once
         """Wait until every send so far has left (their buffers may then be reused)."""
 
+    def heal(self) -> None:  # noqa: B027 - optional: only a remote link's server restarts
+        """Reconnect now if a send found the server gone (after the pushes to every server)."""
+
+    def saved(self, clock: int) -> None:  # noqa: B027 - optional: see RemoteLink
+        """The servers wrote their state of `clock` (a checkpoint or a snapshot)."""
+
+
+@dataclass
+class _Posted:
+    """The receives of one request's reply, as posted on one connection."""
+
+    peers: CommGroup
+    generation: int
+    raw: torch.Tensor
+    values: torch.Tensor
+    header_in: Transfer
+    values_in: Transfer
+
+
+@dataclass
+class _Request:
+    """An answered request sent over a remote link, until its reply is taken: what it
+    said (to send it again to a restarted server) and the receives of its reply."""
+
+    header: Header
+    ids: torch.Tensor | None
+    blob: bytes
+    reply_values: int
+    posted: _Posted | None = None
+
 
 class RemoteLink(Link):
-    """To server `server` on rank `rank`, over the servers' CommGroup `peers`."""
+    """To server `server` on rank `rank`, over the servers' CommGroup `peers`.
+
+    With `rejoin` (a server may be restarted alone, `rejoin.py`), a failed message does
+    not end the worker: the link waits for the restarted server, connects to it, sends
+    again its pushes since the server's restored clock and the requests still
+    unanswered, and the caller's wait goes on. A watcher thread (`rejoin.Watcher`) does
+    the same as soon as the server announces its return, whatever the worker's main
+    thread is waiting for (another server's reply, a collective of the workers): so the
+    lock, taken by every operation that sends or reconnects."""
 
     peers: CommGroup
 
-    def __init__(self, server: int, rank: int, peers: CommGroup) -> None:
+    def __init__(
+        self, server: int, rank: int, peers: CommGroup, rejoin: Rejoin | None = None
+    ) -> None:
         self.server = server
         self.rank = rank
         self.peers = peers
+        self.rejoin = rejoin
+        self.generation = 0  # the server's restarts this link has reconnected after
+        self.log = PushLog()
+        self.lock = threading.RLock()
         self._sends: list[Transfer] = []
+        self._outstanding: list[_Request] = []
+        self._broken: PeerTimeout | None = None  # a send failed: reconnect after the pushes
 
     def _isend(self, tag: Tag, tensor: torch.Tensor, what: str) -> None:
         self._sends.append(self.peers.isend(self.rank, tensor, what, tag=tag, role=self.role))
-
-    def _irecv(self, tag: Tag, tensor: torch.Tensor, what: str) -> Transfer:
-        return self.peers.irecv(self.rank, tensor, what, tag=tag, role=self.role)
 
     def _send_message(
         self,
@@ -162,38 +207,138 @@ class RemoteLink(Link):
         if header.payload_bytes:
             self._isend(Tag.PAYLOAD, pack_payload(header, ids, values, blob), what)
 
+    def _post(self, request: _Request) -> None:
+        """Post the receives of the reply first (see the module docstring), then send. Fresh
+        buffers each time: a receive left on a broken connection must not fill new ones."""
+        what = f"the reply to {_what(request.header)}"
+        raw = torch.zeros(HEADER_LEN, dtype=torch.int64)
+        values = torch.empty(request.reply_values)
+        peers, role = self.peers, self.role
+        header_in = peers.irecv(self.rank, raw, what, tag=Tag.REPLY_HEADER, role=role)
+        values_in = peers.irecv(self.rank, values, what, tag=Tag.REPLY_VALUES, role=role)
+        request.posted = _Posted(peers, self.generation, raw, values, header_in, values_in)
+        self._send_message(request.header, request.ids, None, request.blob)
+
     def request(
         self, header: Header, ids: torch.Tensor | None, blob: bytes, reply_values: int
     ) -> PendingReply:
-        what = f"the reply to {_what(header)}"
-        raw = torch.zeros(HEADER_LEN, dtype=torch.int64)
-        header_in = self._irecv(Tag.REPLY_HEADER, raw, what)
-        values = torch.empty(reply_values)
-        values_in = self._irecv(Tag.REPLY_VALUES, values, what)
-        self._send_message(header, ids, None, blob)
+        request = _Request(header, ids, blob, reply_values)
+        with self.lock:
+            if self._broken is not None:
+                self._reconnect(self._broken, self.generation)
+            self._outstanding.append(request)
+            try:
+                self._post(request)
+            except PeerTimeout as exc:
+                self._reconnect(exc, self.generation)  # sends it again, with the others
 
         def wait_reply(timeout_s: float) -> Reply:
-            header_in.wait(timeout_s)
-            parsed = Header.parse(raw, UNBOUNDED)
-            reply = Reply(-1, parsed)
-            if parsed.blob_len:
-                blob_in = torch.empty(parsed.blob_len, dtype=torch.uint8)
-                self._irecv(Tag.REPLY_BLOB, blob_in, what).wait(timeout_s)
-                reply.blob = bytes(blob_in.numpy().tobytes())
-            values_in.wait(timeout_s)  # an error's too: the server sends one (a float)
-            if reply_values and parsed.op != Op.ERROR:
-                reply.values = values
-            return reply
+            while True:
+                posted = request.posted
+                assert posted is not None
+                try:
+                    reply = self._take(request, posted, timeout_s)
+                except PeerTimeout as exc:
+                    with self.lock:
+                        self._reconnect(exc, posted.generation)
+                    continue
+                with self.lock:
+                    self._outstanding.remove(request)
+                return reply
 
         return PendingReply(self, header, wait_reply)
 
+    def _take(self, request: _Request, posted: _Posted, timeout_s: float) -> Reply:
+        what = f"the reply to {_what(request.header)}"
+        posted.header_in.wait(timeout_s)
+        parsed = Header.parse(posted.raw, UNBOUNDED)
+        reply = Reply(-1, parsed)
+        if parsed.blob_len:
+            blob_in = torch.empty(parsed.blob_len, dtype=torch.uint8)
+            posted.peers.irecv(self.rank, blob_in, what, tag=Tag.REPLY_BLOB, role=self.role).wait(
+                timeout_s
+            )
+            reply.blob = bytes(blob_in.numpy().tobytes())
+        posted.values_in.wait(timeout_s)  # an error's too: the server sends one (a float)
+        if request.reply_values and parsed.op != Op.ERROR:
+            reply.values = posted.values
+        return reply
+
     def send(self, header: Header, ids: torch.Tensor | None, values: torch.Tensor | None) -> None:
-        self._send_message(header, ids, values, b"")
+        with self.lock:
+            if self.rejoin is not None and header.op == Op.PUSH:
+                self.log.add(header, ids, values)
+            if self._broken is not None:
+                return  # in the log: sent again once the server is back
+            try:
+                self._send_message(header, ids, values, b"")
+            except PeerTimeout as exc:
+                if self.rejoin is None:
+                    raise
+                self._broken = exc  # the other servers get their pushes first (see rejoin.py)
 
     def flush(self, timeout_s: float) -> None:
-        for transfer in self._sends:
-            transfer.wait(timeout_s)
-        self._sends.clear()
+        with self.lock:
+            sends, self._sends = self._sends, []
+            generation = self.generation
+        try:
+            for transfer in sends:
+                transfer.wait(timeout_s)
+        except PeerTimeout as exc:
+            with self.lock:
+                self._reconnect(exc, generation)  # the pushes lost with it are sent again
+
+    def heal(self) -> None:
+        with self.lock:
+            if self._broken is not None:
+                self._reconnect(self._broken, self.generation)
+
+    def saved(self, clock: int) -> None:
+        with self.lock:
+            self.log.saved(clock)
+
+    def _reconnect(self, cause: PeerTimeout, failed_on: int) -> None:
+        """The server failed on the connection of generation `failed_on`: unless the link
+        has reconnected since, wait for the server to come back (or raise naming it) and
+        reconnect. Called with the lock held."""
+        if self.rejoin is None:
+            raise cause
+        if self.generation > failed_on:
+            return  # the watcher reconnected already: the caller waits on the new posts
+        announcement = self.rejoin.wait_for(self.server, self.rank, self.generation, cause)
+        self.reconnect(announcement)
+
+    def reconnect(self, announcement: Announcement) -> None:
+        """Connect to the server of `announcement` and send it again what its state lacks:
+        the pushes since its clock, then every request still unanswered, in order. Called
+        with the lock held."""
+        assert self.rejoin is not None
+        while True:  # until connected, or the server is given up (raises)
+            self.peers = self.rejoin.pairs(self.server, announcement.generation)
+            self.generation = announcement.generation
+            self._broken = None
+            self._sends = []
+            self._seq = 0  # the new server reads each rank's messages from number 1
+            pushes = self.log.since(announcement.clock, self.server, self.rejoin.rank)
+            try:
+                for push in pushes:
+                    self._send_message(push.header, push.ids, push.values, b"")
+                for request in self._outstanding:
+                    self._post(request)
+            except PeerTimeout as exc:  # it failed again
+                announcement = self.rejoin.wait_for(self.server, self.rank, self.generation, exc)
+                continue
+            self.rejoin.log.warning(
+                "%s (rank %d) came back at clock %d (restart %d): sent again %d push messages "
+                "and %d unanswered requests",
+                self.role,
+                self.rank,
+                announcement.clock,
+                announcement.generation,
+                len(pushes),
+                len(self._outstanding),
+            )
+            return
 
 
 class LocalLink(Link):

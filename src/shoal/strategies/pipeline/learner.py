@@ -213,8 +213,8 @@ class StageLearner(Learner):
         share: tuple[int, int] = (0, 1),
         group: dist.ProcessGroup | None = None,
     ) -> None:
-        # one stage: the stage itself, whose names are the full model's (DCP saves by name)
-        model = place.modules[0] if len(place.modules) == 1 else nn.ModuleList(place.modules)
+        # the stages by the full model's names (DCP saves by name; `PipelinePlace.model`)
+        model = place.model
         super().__init__(task, model, sync, train, total_steps, share=share, norm_every=norm_every)
         self.full = full
         self.group = group  # the pipeline's ranks (None: the world)
@@ -248,7 +248,7 @@ class StageLearner(Learner):
         self.refresh()  # every rank's full model up to date: the new stages' modules are its
         optimizer = self._optimizer_state(keep_all=True)
         scheduler = self.scheduler.state_dict()
-        model = place.modules[0] if len(place.modules) == 1 else nn.ModuleList(place.modules)
+        model = place.model
         self.model, self.sync = model, sync
         self.optimizer = build_optimizer(model.parameters(), self.train.optimizer)
         self.scheduler = build_scheduler(self.optimizer, self.train, self.total_steps)

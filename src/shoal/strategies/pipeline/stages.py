@@ -17,6 +17,7 @@ micro-batches' gradients add up to the whole batch's, as under `local`.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -55,6 +56,12 @@ class PipelinePlace:
     stages: list[PipelineStage]
     total: int  # stages in the pipeline
 
+    @functools.cached_property
+    def model(self) -> nn.Module:
+        """This rank's stages as one module named as the full model (`join_stages`): what
+        the optimizer, the gradient sync and checkpoints see."""
+        return self.modules[0] if len(self.modules) == 1 else join_stages(self.modules)
+
     @property
     def has_first(self) -> bool:
         return self.indices[0] == 0
@@ -62,6 +69,30 @@ class PipelinePlace:
     @property
     def has_last(self) -> bool:
         return self.indices[-1] == self.total - 1
+
+
+def join_stages(modules: list[nn.Module]) -> nn.Module:
+    """One module holding several stages' children under the full model's names (the
+    stages of a rank under interleaved 1F1B: e.g. `embed` and `blocks.0` of stage 0,
+    `blocks.2` of stage 2). Children that are module dicts (the blocks) are merged; any
+    other child name may come from one stage only. It is never called: torch's schedule
+    runs the stages themselves; it names their parameters for the optimizer, the
+    gradient sync and DCP (a hybrid mesh's stages are copies, not the full model's)."""
+    joined = nn.Module()
+    for module in modules:
+        if next(module.parameters(recurse=False), None) is not None:
+            raise ValueError("a stage's parameters must sit in its children to be joined")
+        for name, child in module.named_children():
+            held = joined._modules.get(name)
+            if isinstance(child, nn.ModuleDict) and isinstance(held, nn.ModuleDict):
+                held.update(dict(child.items()))
+            elif held is not None:
+                raise ValueError(f"two stages of one rank both hold {name!r}")
+            elif isinstance(child, nn.ModuleDict):  # a dict of its own, to merge into
+                joined.add_module(name, nn.ModuleDict(dict(child.items())))
+            else:
+                joined.add_module(name, child)
+    return joined
 
 
 def build_stages(

@@ -115,8 +115,10 @@ class PipelineStrategy(Strategy):
         return describe_stage_rank(rank, config.strategy.stages, config.strategy.local_stages)
 
     def make_roles(self) -> RankRoles:
+        """One pipeline over the world, stage r on rank r (a 1-D mesh keeps rank order, see
+        runtime/placement.py); the log says which hosts it spans."""
         world = self.ctx.world_size
-        return RankRoles(world, tuple(range(world)), dims={"pipeline": world})
+        return RankRoles.mesh(world, {"pipeline": world}, self.ctx.hosts)
 
     def run(self, task: Task) -> dict[str, Any]:
         self.task = task

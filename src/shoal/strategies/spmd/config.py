@@ -28,6 +28,13 @@ class SpmdSection(StrategySection):
         "dimension (norms and residual dropout work on each rank's part; Korthikanti et al.).",
     )
 
+    place_by_host: bool = Field(
+        True,
+        description="Lay the mesh out by host: tensor (then pipeline) groups inside a host "
+        "where they fit, data across hosts, whatever the launcher's rank numbers; false: "
+        "ranks in row-major rank order.",
+    )
+
     @abstractmethod
     def dims(self) -> dict[str, int]:
         """The mesh's dimensions and sizes, outermost first: each of the three configs
@@ -106,7 +113,8 @@ class HybridStrategyConfig(SpmdSection, PipelineFields):
     type: Literal["hybrid"] = "hybrid"
     mesh: dict[str, int] = Field(
         description="Sizes of the mesh dimensions (data, pipeline, tensor); their product is "
-        "the number of worker processes. Ranks are laid out row-major, data outermost."
+        "the number of worker processes. Data outermost; across hosts tensor (then pipeline) "
+        "groups lie inside a host (see place_by_host)."
     )
     data: Literal["sharded", "replicated"] = Field(
         "sharded",
@@ -157,11 +165,6 @@ class HybridStrategyConfig(SpmdSection, PipelineFields):
             raise FieldError(
                 ("strategy", "mesh", "pipeline"),
                 "a pipeline dimension has at least 2 stages; leave it out for none",
-            )
-        if self.schedule == "interleaved_1f1b":
-            raise FieldError(
-                ("strategy", "schedule"),
-                'interleaved_1f1b is not built in a hybrid mesh; use "gpipe" or "1f1b"',
             )
         if self.sequence_parallel:
             raise FieldError(

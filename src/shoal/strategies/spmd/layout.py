@@ -15,16 +15,18 @@ from __future__ import annotations
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
 from shoal.tasks.lm.parallel import tensor_parallel_plan
 
 
-def build_mesh(device: torch.device, dims: dict[str, int]) -> DeviceMesh:
-    """The mesh over the world, dimensions named, row-major (the last varies fastest)."""
-    return init_device_mesh(device.type, tuple(dims.values()), mesh_dim_names=tuple(dims))
+def build_mesh(device: torch.device, dims: dict[str, int], order: tuple[int, ...]) -> DeviceMesh:
+    """The mesh over the world, dimensions named, row-major (the last varies fastest),
+    point i held by rank `order[i]` (`RankRoles.workers`: laid out by host)."""
+    ranks = torch.tensor(order, dtype=torch.int).reshape(tuple(dims.values()))
+    return DeviceMesh(device.type, ranks, mesh_dim_names=tuple(dims))
 
 
 def lay_out(

@@ -8,7 +8,10 @@ mechanism the other SPMD layouts use:
 
 - a stage is built on the pipeline dimension's process group, from a copy of
   its blocks laid out by `layout.lay_out` over the other dimensions (the
-  Megatron plan over `tensor`, FSDP over a sharded `data`);
+  Megatron plan over `tensor`, FSDP over a sharded `data`); under
+  interleaved 1F1B a rank holds `virtual_stages` such stages (loop placement),
+  each laid out on its own, joined by the full model's names for the
+  optimizer, the gradient sync and DCP (`stages.join_stages`);
 - the stage's gradients are synced by :class:`SpmdGradientSync` over the stage
   (a replicated data dimension: one all-reduce per block, summed, the loss
   being already divided by the global batch; a sharded one: FSDP's reduction);
@@ -38,7 +41,7 @@ from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.roles import RankRoles
 from shoal.strategies.pipeline.learner import PipelineSync, StageLearner
-from shoal.strategies.pipeline.stages import PipelinePlace, build_stages
+from shoal.strategies.pipeline.stages import PipelinePlace, build_stages, stage_indices
 from shoal.strategies.pipeline.strategy import PipelineStrategy
 from shoal.strategies.spmd.config import HybridStrategyConfig
 from shoal.strategies.spmd.layout import build_mesh, lay_out
@@ -77,8 +80,8 @@ class MeshPipelineSync(PipelineSync):
         return describe_mesh_rank(self.roles, rank)
 
     def stages_of(self, rank: int) -> list[int]:
-        """The stage at `rank`'s pipeline coordinate."""
-        return [self.roles.coordinates(rank)["pipeline"]]
+        """The stages at `rank`'s pipeline coordinate (loop placement, as in the pipeline)."""
+        return stage_indices(self.roles.coordinates(rank)["pipeline"], self.ranks, self.local)
 
 
 class MeshStageLearner(StageLearner):
@@ -119,7 +122,8 @@ class MeshPipelineStrategy(PipelineStrategy):
         return config
 
     def make_roles(self) -> RankRoles:
-        return RankRoles.mesh(self.ctx.world_size, self.config.dims())
+        hosts = self.ctx.hosts if self.config.place_by_host else None
+        return RankRoles.mesh(self.ctx.world_size, self.config.dims(), hosts)
 
     @property
     def coords(self) -> dict[str, int]:
@@ -128,7 +132,7 @@ class MeshPipelineStrategy(PipelineStrategy):
     def _place(self, model: nn.Module) -> PipelinePlace:
         ctx, config = self.ctx, self.config
         dims = config.dims()
-        self.mesh = build_mesh(ctx.device, dims)
+        self.mesh = build_mesh(ctx.device, dims, self.roles.workers)
         self.inner = {k: v for k, v in dims.items() if k != "pipeline"}
         bf16 = ctx.config.train.mixed_precision == "bf16"
 
@@ -145,7 +149,7 @@ class MeshPipelineStrategy(PipelineStrategy):
 
     def _sync(self, model: nn.Module) -> PipelineSync:
         config, dims = self.config, self.inner
-        stage = self.place.modules[0]
+        stage = self.place.model  # this rank's stages, by the full model's names
         replicated = config.data_mode() == "replicated" and dims.get("data", 1) > 1
         where = ", ".join(f"{k} {v}" for k, v in self.coords.items())
         grads = SpmdGradientSync(stage, self.mesh, dims, replicated, where)

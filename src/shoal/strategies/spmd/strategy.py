@@ -50,7 +50,13 @@ class SpmdStrategy(Strategy):
     config_class: ClassVar[type[SpmdSection]]
     workers_field: ClassVar[str | None] = "degree"
     # the mesh may change on resume: the checkpoint's pieces reshard by name (DCP)
-    resume_safe: ClassVar[tuple[str, ...]] = ("degree", "mesh.*", "data", "sequence_parallel")
+    resume_safe: ClassVar[tuple[str, ...]] = (
+        "degree",
+        "mesh.*",
+        "data",
+        "sequence_parallel",
+        "place_by_host",
+    )
     resumes_from: ClassVar[tuple[str, ...]] = LEARNERS
 
     sync: SpmdGradientSync
@@ -74,12 +80,13 @@ class SpmdStrategy(Strategy):
         return describe_mesh_rank(RankRoles.mesh(math.prod(dims.values()), dims), rank)
 
     def make_roles(self) -> RankRoles:
-        return RankRoles.mesh(self.ctx.world_size, self.config.dims())
+        hosts = self.ctx.hosts if self.config.place_by_host else None
+        return RankRoles.mesh(self.ctx.world_size, self.config.dims(), hosts)
 
     def attach(self, model: nn.Module) -> GradientSync:
         ctx, config = self.ctx, self.config
         dims = config.dims()
-        self.mesh = build_mesh(ctx.device, dims)
+        self.mesh = build_mesh(ctx.device, dims, self.roles.workers)
         coords = self.roles.coordinates(ctx.rank)
         where = ", ".join(f"{k} {v}" for k, v in coords.items())
         sharded = lay_out(

@@ -1,0 +1,75 @@
+"""A server restarted alone (rejoin.py): what a worker waits for, and what it keeps to send again.
+
+The restart itself, in processes under the launcher: tests/recovery/test_parameter_server.py.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from shoal.comm.links import PeerTimeout
+from shoal.errors import JobFailed
+from shoal.runtime.hosts import Hosts
+from shoal.strategies.parameter_server.rejoin import Announcement, PushLog, Rejoin, announce
+from shoal.strategies.parameter_server.wire import Header, Op
+
+
+def _store() -> dist.TCPStore:
+    return dist.TCPStore(
+        "127.0.0.1", 0, 1, is_master=True, timeout=datetime.timedelta(seconds=5),
+        wait_for_workers=False,
+    )  # fmt: skip
+
+
+def test_a_server_that_does_not_come_back_is_named_within_the_wait() -> None:
+    store = _store()
+    rejoin = Rejoin(store, 0, Hosts.single(4), 0.5, 5.0, logging.getLogger("test"))
+    announce(store, 1, Announcement(generation=2, clock=6))  # an earlier restart's word
+    started = time.monotonic()
+    with pytest.raises(PeerTimeout) as caught:
+        rejoin.wait_for(1, 3, 2, RuntimeError("Connection closed by peer\nmore"))
+    assert time.monotonic() - started < 2.0
+    assert str(caught.value) == (
+        "server 1 (rank 3) failed (Connection closed by peer) and did not come back within "
+        "0.5 s (faults.start_timeout_s); rank 0 waited for it"
+    )
+
+
+def test_a_newer_announcement_is_taken_with_its_clock() -> None:
+    store = _store()
+    rejoin = Rejoin(store, 0, Hosts.single(4), 5.0, 5.0, logging.getLogger("test"))
+    announce(store, 1, Announcement(generation=3, clock=6))
+    assert rejoin.announced(1, 3) is None  # not newer than what the link has
+    assert rejoin.wait_for(1, 3, 2, RuntimeError("gone")) == Announcement(3, 6)
+    group = rejoin.pairs(1, 3)
+    assert group.pairs is not None and group.pairs.prefix == "shoal/ps/pairs/1/3"
+
+
+def _push(clock: int, more: int = 0) -> tuple[Header, torch.Tensor, torch.Tensor]:
+    header = Header(Op.PUSH, 0, clock, 1, 0, more=more)
+    return header, torch.tensor([clock]), torch.full((2,), float(clock))
+
+
+def test_the_push_log_keeps_back_to_the_previous_saved_state() -> None:
+    log = PushLog()
+    for clock in range(6):
+        log.add(*_push(clock, more=1))  # a push in two chunks: both are kept
+        log.add(*_push(clock))
+    log.saved(2)
+    assert [p.header.clock for p in log.since(0, 1, 0)] == [c for c in range(6) for _ in "ab"]
+    log.saved(4)  # a state of clock 4 was written: the one of clock 2 may still be needed
+    assert log.start == 2
+    replay = log.since(3, 1, 0)
+    assert [(p.header.clock, p.header.more) for p in replay] == [
+        (3, 1), (3, 0), (4, 1), (4, 0), (5, 1), (5, 0)
+    ]  # fmt: skip
+    assert torch.equal(replay[0].values, torch.full((2,), 3.0))
+    with pytest.raises(JobFailed, match="server 1 came back at clock 1, but worker 0 kept its "
+                       "pushes only from clock 2 on"):  # fmt: skip
+        log.since(1, 1, 0)
