@@ -10,10 +10,13 @@ for every other strategy at no cost.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeGuard
+
+if TYPE_CHECKING:
+    from torch.distributed.tensor import DTensor
 
 
-def is_dtensor(value: Any) -> bool:
+def is_dtensor(value: Any) -> TypeGuard[DTensor]:
     """True when `value` is a torch DTensor (sharded or replicated over a device mesh)."""
     module = sys.modules.get("torch.distributed.tensor")
     return module is not None and isinstance(value, module.DTensor)
