@@ -85,8 +85,10 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def charts(*svgs: str) -> str:
-    return "".join(f'<div class="chart">{svg}</div>' for svg in svgs if svg)
+def charts(*svgs: str, wide: bool = False) -> str:
+    """The panel's charts side by side; `wide`: one chart drawn wide, alone in its row."""
+    kind = "chart wide" if wide else "chart"
+    return "".join(f'<div class="{kind}">{svg}</div>' for svg in svgs if svg)
 
 
 # ------------------------------------------------------------------ config and summary
@@ -204,7 +206,8 @@ def metrics_panel(runs: list[RunData]) -> Panel | None:
         if run.records("generation"):
             names.update({"best_score": None, "median_score": None})
     svgs = []
-    for name in list(names)[:MAX_METRICS]:
+    shown = [n for n in names if _has_metric(runs, n)][:MAX_METRICS]
+    for name in shown:
         series = []
         for i, run in enumerate(runs):
             xs, ys = column(run.records(*TRAIN_EVENTS), "step", f"train_{name}")
@@ -216,11 +219,20 @@ def metrics_panel(runs: list[RunData]) -> Panel | None:
             xs, ys = column(run.records("generation"), "step", name)
             series.append(Series(label(runs, run, name.replace("_", " ")), xs, ys, "o-", color(i)))
         if any(s.xs for s in series):
-            svgs.append(lines([s for s in series if s.xs], "step", name))
+            svgs.append(lines([s for s in series if s.xs], "step", name, wide=len(shown) == 1))
     if not svgs:
         return None
-    return Panel(
-        "metrics", "Metrics", charts(*svgs), "training (solid) and validation (dashed) by step"
+    body = charts(*svgs, wide=len(svgs) == 1)
+    return Panel("metrics", "Metrics", body, "training (solid) and validation (dashed) by step")
+
+
+def _has_metric(runs: list[RunData], name: str) -> bool:
+    """Whether any record draws metric `name` (a chart of it has a line)."""
+    keys = (f"train_{name}", name)
+    return any(
+        any(isinstance(r.get(k), int | float) for k in keys)
+        for run in runs
+        for r in run.records(*TRAIN_EVENTS, "eval")
     )
 
 
@@ -234,7 +246,7 @@ def throughput_panel(runs: list[RunData]) -> Panel | None:
     return Panel(
         "throughput",
         "Throughput",
-        charts(lines(series, "step", "samples/s")),
+        charts(lines(series, "step", "samples/s", wide=True), wide=True),
         "training samples per second of step time",
     )
 
@@ -260,7 +272,7 @@ def bytes_panel(runs: list[RunData]) -> Panel | None:
     return Panel(
         "bytes",
         "Bytes sent",
-        charts(lines(series, "step", "bytes")),
+        charts(lines(series, "step", "bytes", wide=True), wide=True),
         "what went on the wire per step (the mean over ranks) or per round",
     )
 
@@ -272,7 +284,7 @@ def grad_norm_panel(runs: list[RunData]) -> Panel | None:
         series.append(Series(label(runs, run, "gradient norm"), xs, ys, "-", color(i)))
     if not any(s.xs for s in series):
         return None
-    body = charts(lines(series, "step", "global gradient norm", log_y=True))
+    body = charts(lines(series, "step", "global gradient norm", True, wide=True), wide=True)
     return Panel(
         "grad_norm", "Gradient norm", body, "the global norm before clipping, at each logged step"
     )
@@ -300,7 +312,7 @@ def time_panel(runs: list[RunData]) -> Panel | None:
     used = {k: v for k, v in parts.items() if any(v)}
     shades = {name: color(i) for i, name in enumerate(parts)}  # a phase keeps its colour
     per = ", ".join(units)
-    body = charts(stacked_bars(labels, used, f"seconds per {per}", shades))
+    body = charts(stacked_bars(labels, used, f"seconds per {per}", shades, wide=True), wide=True)
     return Panel(
         "time",
         "Where a step's time goes",
@@ -378,7 +390,7 @@ def memory_panel(runs: list[RunData]) -> Panel | None:
             values.append(float(peak))
     if not labels:
         return None
-    body = charts(bars(labels, values, "peak memory (MB)"))
+    body = charts(bars(labels, values, "peak memory (MB)", horizontal=True, wide=True), wide=True)
     return Panel(
         "memory", "Peak memory per rank", body, "resident set on CPU, the allocator's peak on CUDA"
     )

@@ -313,7 +313,7 @@ def _spmd_charts(runs: list[RunData]) -> list[str]:
     used = {k: v for k, v in parts.items() if any(v)}
     return [
         stacked_bars(labels, used, "seconds per step"),
-        bars(labels, peaks, "peak memory (MB)"),
+        bars(labels, peaks, "peak memory (MB)", horizontal=True),
     ]
 
 
