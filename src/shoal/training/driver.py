@@ -119,6 +119,7 @@ class Driver:
             if plan.eval_every and units % plan.eval_every == 0:
                 self._evaluate()
             if every_units and units % every_units == 0:
+                self._boundary()
                 self._save()
             if self.snapshots is not None and units % self.snapshots[1] == 0:
                 self._snapshot(self.snapshots[0])
@@ -127,6 +128,7 @@ class Driver:
                 if eval_epochs and p.epoch % eval_epochs == 0:
                     self._evaluate()
                 if every_epochs and p.epoch % every_epochs == 0:
+                    self._boundary()
                     self._save()
         self.loop.flush()
         signum = STOP.agree(ctx)  # a request that came after the last unit's agreement
@@ -244,6 +246,14 @@ class Driver:
         if "loss" in logged:
             meta["loss"], meta["loss_step"] = logged["loss"], self.run_info.last_train_step
         return meta
+
+    def _boundary(self) -> None:
+        """Collective: the loop's work before a periodic checkpoint (once a position, and
+        only while units remain)."""
+        hook, p = self.plan.before_checkpoint, self.progress
+        if hook is None or self._saved_step == p.global_step or self.loop.done():
+            return
+        hook()
 
     def _save(self) -> None:
         """Collective: a periodic checkpoint (once per position)."""

@@ -112,6 +112,10 @@ class Plan:
     #: (split, metric, "max" | "min") that selects the best model; None: the task's first
     #: evaluation split and primary metric
     selection: tuple[str, str, str] | None = None
+    #: collective, every rank: before each periodic checkpoint (by units or epochs, once a
+    #: position; not the final one nor a stop's), while units remain: a pipeline re-balances
+    #: its partition there, so the checkpoint holds the partition the run goes on with
+    before_checkpoint: Callable[[], None] | None = None
 
 
 class ModelOfRecord(Protocol):

@@ -106,6 +106,8 @@ class StepCollaborators:
     section: Callable[[TrainProgress], dict[str, Any]] | None = None
     #: each rank's slice of a global batch, re-planned from measured speeds (default: even)
     shares: BatchShares | None = None
+    #: collective, before each periodic checkpoint while steps remain (a pipeline's re-balance)
+    before_checkpoint: Callable[[Run], None] | None = None
 
 
 class StepLoop:
@@ -164,7 +166,14 @@ class StepLoop:
                 f"{self.total_steps} steps in all"
             ),
             optional_parts=("optimizer_kind", "precision", "strategy"),
+            before_checkpoint=self._before_checkpoint(),
         )
+
+    def _before_checkpoint(self) -> Callable[[], None] | None:
+        hook = self.with_.before_checkpoint
+        if hook is None:
+            return None
+        return lambda: hook(self.run)
 
     def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         share = (self.ctx.rank, self.ctx.world_size)

@@ -79,6 +79,24 @@ CASES = [
         "bad.toml:15: strategy.schedule: must be one of 'gpipe', '1f1b' or 'interleaved_1f1b', "
         "got 'zero_bubble' (string)",
     ),
+    (
+        "re-balancing a memory balance",
+        GOOD + 'balance = "memory"\nrebalance = "checkpoint"\n',
+        "bad.toml:16: strategy.rebalance: rebalance re-partitions by measured time, balance = "
+        'memory by memory; set balance = "time", or rebalance = "off"',
+    ),
+    (
+        "re-balancing without periodic checkpoints",
+        GOOD + 'rebalance = "checkpoint"\n\n[checkpoint]\nevery_epochs = 0\n',
+        "bad.toml:15: strategy.rebalance: rebalance = checkpoint re-partitions at periodic "
+        "checkpoints and none is written; set checkpoint.every_steps (or every_epochs), or "
+        'rebalance = "off"',
+    ),
+    (
+        "a threshold of 1 or more",
+        GOOD + 'rebalance = "checkpoint"\nrebalance_threshold = 1.5\n',
+        "bad.toml:16: strategy.rebalance_threshold: must be < 1, got 1.5",
+    ),
 ]
 
 

@@ -14,13 +14,16 @@ from shoal.strategies.pipeline.partition import balanced_partition, stage_costs
 from shoal.strategies.pipeline.profile import profile_blocks
 
 
-def brute_force(costs: list[float], stages: int) -> float:
-    """The smallest max-stage cost over every contiguous split (every choice of cut points)."""
+def brute_force(costs: list[float], stages: int, speeds: list[float] | None = None) -> float:
+    """The smallest max-stage cost over every contiguous split (every choice of cut points),
+    stage s's cost times `speeds[s]` when given."""
     n, best = len(costs), float("inf")
+    weights = speeds or [1.0] * stages
     for cuts in itertools.combinations(range(1, n), stages - 1):
         bounds = [0, *cuts, n]
         parts = [(bounds[i], bounds[i + 1] - 1) for i in range(stages)]
-        best = min(best, max(stage_costs(costs, parts)))
+        stage = stage_costs(costs, parts)
+        best = min(best, max(w * c for w, c in zip(weights, stage, strict=True)))
     return best
 
 

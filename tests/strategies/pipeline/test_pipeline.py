@@ -45,6 +45,16 @@ def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
 
 
+def assert_same_training(mine: dict[str, Any], reference: dict[str, Any]) -> None:
+    """The parameters and AdamW's moments of two checkpoints' states (1e-5)."""
+    assert_same_model(mine["model"], reference["model"])
+    for index, state in reference["optimizer"]["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            torch.testing.assert_close(
+                mine["optimizer"]["state"][index][key], state[key], rtol=0, atol=1e-5
+            )
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return write_text(tmp_path_factory.mktemp("text"))
@@ -71,13 +81,7 @@ def test_each_schedule_trains_what_local_trains(
     partition are reported."""
     strategy = pipeline(schedule=schedule, **fields)
     result = shoal.train(lm_job(runs, corpus, **COMMON, strategy=strategy, run={"name": "pp"}))
-    mine, reference = final_state(result), final_state(local_run)
-    assert_same_model(mine["model"], reference["model"])
-    for index, state in reference["optimizer"]["state"].items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(
-                mine["optimizer"]["state"][index][key], state[key], rtol=0, atol=1e-5
-            )
+    assert_same_training(final_state(result), final_state(local_run))
     assert result["valid"]["loss"] == pytest.approx(local_run["valid"]["loss"], abs=1e-5)
     assert result["train"]["loss"] == pytest.approx(local_run["train"]["loss"], abs=1e-5)
     section = result["pipeline"]
@@ -190,3 +194,67 @@ def test_mixed_precision_trains_what_local_trains_in_the_same_micro_batches(
     for name in b:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=2e-2, msg=name)
     assert pp["train"]["loss"] == pytest.approx(local["train"]["loss"], abs=1e-5)
+
+
+REBALANCED = pipeline(partitions=[[0, 1], [2, 3]], rebalance="checkpoint", rebalance_threshold=0.05)
+
+
+@pytest.fixture(scope="module")
+def rebalanced(corpus: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Blocks 0-1 | 2-3 with rank 1 three times slower from the first step; a checkpoint
+    (and a re-balance) at step 3."""
+    runs = tmp_path_factory.mktemp("rebalanced")
+    slow = {"inject": {"rank": 1, "step": 0, "kind": "slow", "factor": 3.0}}
+    return shoal.train(
+        lm_job(
+            runs,
+            corpus,
+            **COMMON,
+            strategy=REBALANCED,
+            checkpoint={"every_steps": 3},
+            faults=slow,
+            run={"name": "rb"},
+        )
+    )
+
+
+def partition_records(run: Path) -> list[dict[str, Any]]:
+    lines = (run / "metrics.jsonl").read_text().splitlines()
+    return [r for r in map(json.loads, lines) if r["event"] == "partition"]
+
+
+def test_a_slowed_rank_gives_blocks_away_at_the_first_checkpoint_and_trains_what_local_does(
+    rebalanced: dict[str, Any], local_run: dict[str, Any]
+) -> None:
+    """The measured speeds show rank 1 slower; at step 3 it keeps one block, the record says
+    what was measured and decided; parameters and AdamW's moments after 6 steps (3 at each
+    partition) equal local's."""
+    run = Path(rebalanced["run_dir"])
+    (record,) = partition_records(run)
+    assert record["step"] == 3 and record["moved"]
+    assert record["partition"] == [[0, 1], [2, 3]] and record["best"] == [[0, 2], [3, 3]]
+    speeds = record["rank_speeds"]
+    assert speeds[1] > 1.5 * speeds[0], "rank 1 measured slower (3x by the fault)"
+    assert record["shares"][1] > 0.5 and record["best_shares"][1] < record["shares"][1]
+    assert record["gain"] > 0.05 and len(record["block_seconds"]) == 4
+    section = rebalanced["pipeline"]
+    assert section["partition"] == [[0, 2], [3, 3]] and section["rebalance"]["moves"] == 1
+    assert [r["stages"] for r in section["ranks"]] == [[0], [1]]
+    log = (run / "logs" / "rank-0.log").read_text()
+    assert "step 3: pipeline re-partitioned from stage 0: blocks 0-1" in log
+    assert_same_training(final_state(rebalanced), final_state(local_run))
+    assert rebalanced["train"]["loss"] == pytest.approx(local_run["train"]["loss"], abs=1e-5)
+
+
+def test_a_resume_after_a_re_partition_goes_on_at_it(
+    rebalanced: dict[str, Any], local_run: dict[str, Any]
+) -> None:
+    """The step-3 checkpoint holds the new partition: a resume from it starts at blocks
+    0-1 | 2-3 (the config's), moves to 0-2 | 3 with the restored state, and ends where
+    local's 6 steps do."""
+    run = Path(rebalanced["run_dir"])
+    resumed = shoal.train(resume=run / "checkpoints" / "step-00000003")
+    assert resumed["steps"] == 6 and resumed["pipeline"]["partition"] == [[0, 2], [3, 3]]
+    log = (run / "logs" / "rank-0.log").read_text()
+    assert "pipeline partition of the checkpoint (re-balanced): stage 0: blocks 0-2" in log
+    assert_same_model(final_state(resumed)["model"], final_state(local_run)["model"])

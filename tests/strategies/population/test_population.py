@@ -234,6 +234,16 @@ def test_dynamic_schedule_moves_members_off_a_slow_worker_and_changes_nothing(
     for r in (0, 1):
         assert first[f"rank{r}_eval_s"] > 0 and first[f"rank{r}_comm_s"] > 0
 
+    # the checkpoint holds the placement and the speeds: a resume (not slowed) trains each
+    # member where the run left it, rather than re-learning the placement from round-robin
+    resumed = shoal.train(resume=spread["run_dir"], overrides=["strategy.generations=5"])
+    log = (Path(spread["run_dir"]) / "logs" / "rank-0.log").read_text()
+    assert "members placed as the checkpoint had them" in log
+    last = [r for r in _member_records(resumed["run_dir"]) if r["generation"] == 4]
+    assert {r["member"]: r["rank"] for r in last} == {
+        m: int(rank) for rank, members in placed.items() for m in members
+    }
+
 
 def test_crash_then_resume_is_exact(runs: Path, one_worker: dict[str, Any]) -> None:
     """A worker dies in generation 3; the resumed run ends exactly where an unbroken one does."""

@@ -56,6 +56,12 @@ LM = (
             "sequence_parallel = false",
         ),
         (
+            'type = "hybrid"\nmesh = { data = 2, pipeline = 2 }\nrebalance = "checkpoint"\n',
+            "bad.toml:18: strategy.rebalance: re-partitioning at checkpoints is built for "
+            "strategy pipeline, not for a hybrid mesh's pipeline dimension; set "
+            'rebalance = "off"',
+        ),
+        (
             'type = "hybrid"\nmesh = { data = 0 }\n',
             "bad.toml:17: strategy.mesh.data: must be at least 1, got 0",
         ),
@@ -72,6 +78,7 @@ LM = (
         "pipeline-of-one",
         "microbatches-per-replica",
         "sp-with-pipeline",
+        "rebalance-in-a-mesh",
         "zero",
         "sp-without-tensor",
     ],

@@ -56,6 +56,34 @@ class PipelineFields(StrategySection):
         "rank r holds stages r, r + stages, ... Only 1 for the other schedules.",
     )
 
+    rebalance: Literal["off", "checkpoint"] = Field(
+        "off",
+        description="checkpoint = at each periodic checkpoint, re-partition the blocks when "
+        "the best partition for the per-block times measured in training (the profile's "
+        "block costs times each rank's measured speed) would cut the slowest stage's time "
+        "by more than rebalance_threshold; parameters and optimizer state move to their new "
+        "stages, the partition is checkpointed. With `partitions` given, training starts "
+        "from them (the blocks are still profiled, to compare them). off = the partition "
+        "stays.",
+    )
+    rebalance_threshold: float = Field(
+        0.1,
+        gt=0,
+        lt=1,
+        description="rebalance = checkpoint: re-partition when the slowest stage's time would "
+        "fall by more than this fraction of it.",
+    )
+
+    @model_validator(mode="after")
+    def _rebalance(self) -> PipelineFields:
+        if self.rebalance != "off" and self.balance != "time":
+            raise FieldError(
+                ("rebalance",),
+                f"rebalance re-partitions by measured time, balance = {self.balance} by "
+                'memory; set balance = "time", or rebalance = "off"',
+            )
+        return self
+
     @model_validator(mode="after")
     def _virtual(self) -> PipelineFields:
         if self.schedule == "interleaved_1f1b":
@@ -138,6 +166,13 @@ class PipelineFields(StrategySection):
                     f"ranks): {self.microbatches} is not a multiple of {rounds} rounds; use a "
                     f"multiple of {ranks}",
                 )
+        checkpoint = config.checkpoint
+        if self.rebalance != "off" and not (checkpoint.every_steps or checkpoint.every_epochs):
+            raise FieldError(
+                ("strategy", "rebalance"),
+                "rebalance = checkpoint re-partitions at periodic checkpoints and none is "
+                'written; set checkpoint.every_steps (or every_epochs), or rebalance = "off"',
+            )
         task_model = getattr(config.task, "model", None)
         if getattr(task_model, "tie_embeddings", False):
             raise FieldError(

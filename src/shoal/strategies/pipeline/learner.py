@@ -53,9 +53,11 @@ from shoal.strategies.pipeline.stages import (
 from shoal.tasks.base import LossOutput, Task
 from shoal.training.clipping import global_norm
 from shoal.training.contracts import GradientSync, unscale_local_grads
+from shoal.training.faults import straggle
 from shoal.training.learner import Learner
 from shoal.training.meter import StepStats
 from shoal.training.nonfinite import agree_on_nonfinite
+from shoal.training.optim import build_optimizer, build_scheduler
 from shoal.training.steps import LocalModel
 
 OPTIMIZER_KEY = "\t"  # between a parameter's name and its optimizer state's key
@@ -77,6 +79,19 @@ class PipelineSync(GradientSync):
         self._step_started = (0.0, 0.0)  # the clock's (compute, step) before this step
         self.totals = {"compute_s": 0.0, "step_s": 0.0, "steps": 0.0}
         self.state_bytes = 0
+        #: compute seconds and steps since the partition was last weighed (`rebalance.py`)
+        self.work_s, self.work_steps = 0.0, 0
+
+    def take_over(self, old: PipelineSync) -> None:
+        """Go on with `old`'s clock and totals (the stages were rebuilt at a new partition)."""
+        self.clock, self.totals = old.clock, old.totals
+        self.work_s, self.work_steps = old.work_s, old.work_steps
+
+    def take_work(self) -> tuple[float, int]:
+        """Compute seconds and steps since the last call."""
+        figures = (self.work_s, self.work_steps)
+        self.work_s, self.work_steps = 0.0, 0
+        return figures
 
     def zero_grad(self) -> None:
         for _, param in self.named:
@@ -89,6 +104,8 @@ class PipelineSync(GradientSync):
         self._nonfinite = self.combine()
         compute = self.clock.compute_s - self._step_started[0]
         wall = self.clock.step_s - self._step_started[1]
+        self.work_s += compute
+        self.work_steps += 1
         return max(wall - compute, 0.0)
 
     def combine(self) -> list[str]:
@@ -199,23 +216,45 @@ class StageLearner(Learner):
         # one stage: the stage itself, whose names are the full model's (DCP saves by name)
         model = place.modules[0] if len(place.modules) == 1 else nn.ModuleList(place.modules)
         super().__init__(task, model, sync, train, total_steps, share=share, norm_every=norm_every)
-        self.full, self.place, self.psync = full, place, sync
+        self.full = full
         self.group = group  # the pipeline's ranks (None: the world)
         self.microbatches = microbatches
         self.ctx = sync.ctx
-        self.schedule = make_schedule(self._loss)
-        for stage in place.stages:
-            sync.clock.wrap(stage)
-        for module in place.modules:  # forward in mixed precision, backward as autograd runs it
-            module.forward = self._in_precision(module.forward)
-        names = {id(p): n for n, p in full.named_parameters()}
-        self.local_names = [names.get(id(p), n) for n, p in self.model.named_parameters()]
+        self.make_schedule = make_schedule
         self.full_names = [n for n, _ in full.named_parameters()]
         self.version = 0  # optimizer steps taken here (the full model's copy is of `_fresh_at`)
         self._fresh_at = 0
         self._scale = 1.0
         self._outputs: list[LossOutput] = []
+        self._seat(place, sync)
+
+    def _seat(self, place: PipelinePlace, sync: PipelineSync) -> None:
+        """Take `place`'s stages (their modules are `self.model`, the optimizer's) under a
+        schedule, timed by `sync`'s clock, forward in the learner's precision."""
+        self.place, self.psync = place, sync
+        self.schedule = self.make_schedule(self._loss)
+        for stage in place.stages:
+            sync.clock.wrap(stage)
+        for module in place.modules:  # forward in mixed precision, backward as autograd runs it
+            module.forward = self._in_precision(module.forward)
+        names = {id(p): n for n, p in self.full.named_parameters()}
+        self.local_names = [names.get(id(p), n) for n, p in self.model.named_parameters()]
         sync.state_bytes = _state_bytes(self.model, self.optimizer)
+
+    def repartition(self, place: PipelinePlace, sync: PipelineSync) -> None:
+        """Collective: move to `place` (stages of a new partition, built on the full model's
+        modules) with the parameters and the optimizer and schedule state the old stages
+        held, exactly as a checkpoint in `local`'s layout would carry them."""
+        self.refresh()  # every rank's full model up to date: the new stages' modules are its
+        optimizer = self._optimizer_state(keep_all=True)
+        scheduler = self.scheduler.state_dict()
+        model = place.modules[0] if len(place.modules) == 1 else nn.ModuleList(place.modules)
+        self.model, self.sync = model, sync
+        self.optimizer = build_optimizer(model.parameters(), self.train.optimizer)
+        self.scheduler = build_scheduler(self.optimizer, self.train, self.total_steps)
+        self._seat(place, sync)
+        self._load_full_optimizer(optimizer)
+        self._load_scheduler(scheduler)
 
     # ------------------------------------------------------------ the step's hooks
     def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats:
@@ -253,6 +292,7 @@ class StageLearner(Learner):
             out: LossOutput = self.task.pipeline_loss(output, target)  # type: ignore[attr-defined]
         self._outputs.append(out)
         loss = out.loss_sum * self._scale
+        straggle(started)  # `[faults.inject] kind = "slow"`: a slower machine
         self.psync.clock.compute_s += time.perf_counter() - started
         return loss
 
@@ -325,8 +365,9 @@ class StageLearner(Learner):
         self.full.load_state_dict(state)  # the stages share its modules
         self._fresh_at = self.version
 
-    def _optimizer_state(self) -> dict[str, Any]:
-        """Collective: one optimizer state dict in `local`'s layout (rank 0's answer)."""
+    def _optimizer_state(self, keep_all: bool = False) -> dict[str, Any]:
+        """Collective: one optimizer state dict in `local`'s layout (rank 0's answer, or every
+        rank's with `keep_all`)."""
         local = self.optimizer.state_dict()
         if len(local["param_groups"]) != 1:
             raise ShoalError("strategy pipeline saves optimizers of one parameter group only")
@@ -336,7 +377,7 @@ class StageLearner(Learner):
             for key, value in values.items()
             if isinstance(value, torch.Tensor)
         }
-        union = share_tensors(self.ctx, mine, keep_all=False)
+        union = share_tensors(self.ctx, mine, keep_all=keep_all)
         position = {name: i for i, name in enumerate(self.full_names)}
         state: dict[int, dict[str, torch.Tensor]] = {}
         for joined, value in union.items():

@@ -2,7 +2,9 @@
 
 Compute is measured where torch's schedule computes: each stage object's
 `forward_one_chunk`, `backward_one_chunk` and `backward_weight_one_chunk` are
-timed (wrapped on the instance), and so is the loss of the last stage. The
+timed (wrapped on the instance), and so is the loss of the last stage (a rank
+slowed by `[faults.inject] kind = "slow"` sleeps in each of them, in proportion,
+as a slower machine computes longer). The
 rest of the schedule's `step` is the rank waiting: for the activations or
 gradients of a neighbour (the bubble) and for the messages themselves. So the
 measured bubble fraction of a rank is (step time - compute time) / step time,
@@ -23,6 +25,7 @@ from collections.abc import Callable
 from typing import Any
 
 from shoal.runtime.collectives import Peers, gather_bytes
+from shoal.training.faults import straggle
 
 TIMED = ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk")
 
@@ -47,6 +50,7 @@ class StageClock:
             try:
                 return fn(*args, **kwargs)
             finally:
+                straggle(started)  # `[faults.inject] kind = "slow"`: a slower machine
                 self.compute_s += time.perf_counter() - started
 
         return run

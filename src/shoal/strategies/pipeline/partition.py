@@ -5,6 +5,10 @@ contiguous stages is the one whose costliest stage is cheapest: the pipeline's
 step time is set by its slowest stage. This is the linear partition problem; a
 dynamic programme over (blocks so far, stages so far) solves it exactly in
 O(k n^2) (n blocks: a few dozen), where a greedy fill can miss the optimum.
+
+With `speeds`, stage s costs `speeds[s]` x its blocks' sum: the same programme
+balances stages on ranks of unequal speed (a re-balance, `rebalance.py`, gives
+each stage the measured slowness of the rank that holds it).
 """
 
 from __future__ import annotations
@@ -14,12 +18,18 @@ from collections.abc import Sequence
 Partition = list[tuple[int, int]]  # [first, last] block of each stage, inclusive
 
 
-def balanced_partition(costs: Sequence[float], stages: int) -> Partition:
+def balanced_partition(
+    costs: Sequence[float], stages: int, speeds: Sequence[float] | None = None
+) -> Partition:
     """The contiguous split of `costs` into `stages` non-empty stages that minimises the
-    largest stage sum (ties: the earliest cut points)."""
+    largest stage sum, each stage's sum multiplied by its `speeds` entry when given
+    (ties: the earliest cut points)."""
     n = len(costs)
     if not 1 <= stages <= n:
         raise ValueError(f"cannot cut {n} blocks into {stages} non-empty stages")
+    weight = [1.0] * stages if speeds is None else [float(w) for w in speeds]
+    if len(weight) != stages:
+        raise ValueError(f"{len(weight)} speeds for {stages} stages")
     prefix = [0.0]
     for cost in costs:
         prefix.append(prefix[-1] + float(cost))
@@ -31,7 +41,7 @@ def balanced_partition(costs: Sequence[float], stages: int) -> Partition:
     for s in range(1, stages + 1):
         for i in range(s, n - (stages - s) + 1):
             for j in range(s - 1, i):  # the last stage is blocks j..i-1
-                value = max(best[s - 1][j], prefix[i] - prefix[j])
+                value = max(best[s - 1][j], weight[s - 1] * (prefix[i] - prefix[j]))
                 if value < best[s][i]:
                     best[s][i], cut[s][i] = value, j
     parts: Partition = []

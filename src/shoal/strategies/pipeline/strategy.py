@@ -11,6 +11,14 @@ block on the first `balance_batches` training batches (`profile.py`), the ranks
 average their measurements (every rank then holds the same numbers) and the
 exact linear partition of them is taken (`partition.py`), logged with each
 stage's measured share.
+
+With `rebalance = "checkpoint"` the partition follows the ranks' measured speed:
+before each periodic checkpoint the ranks weigh it (`rebalance.py`) and, when
+another one would make the slowest stage enough faster, the stages are rebuilt
+at it, the parameters and optimizer state moved to their new owners exactly as a
+checkpoint in `local`'s layout moves them (`StageLearner.repartition`); a
+`partition` record in metrics.jsonl says what was measured and decided. The
+partition is part of the checkpoint: a resume goes on at it.
 """
 
 from __future__ import annotations
@@ -39,6 +47,8 @@ from shoal.strategies.pipeline.partition import (
     stage_costs,
 )
 from shoal.strategies.pipeline.profile import BlockCosts, profile_blocks
+from shoal.strategies.pipeline.rebalance import Decision, Rebalancer
+from shoal.strategies.pipeline.rebalance import shares as stage_shares
 from shoal.strategies.pipeline.stages import (
     PipelinePlace,
     build_schedule,
@@ -49,6 +59,7 @@ from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan
 from shoal.training.contracts import GradientSync
 from shoal.training.learner import Learner
+from shoal.training.loop import Run
 from shoal.training.precision import Precision
 from shoal.training.state import TrainProgress
 from shoal.training.steps import StepCollaborators, StepLoop
@@ -67,6 +78,8 @@ class PipelineStrategy(Strategy):
         "schedule",
         "microbatches",
         "virtual_stages",
+        "rebalance",
+        "rebalance_threshold",
     )
     #: their checkpoints hold the whole model and one optimizer state, as this one's do
     resumes_from: ClassVar[tuple[str, ...]] = ("local", "data_parallel")
@@ -81,6 +94,9 @@ class PipelineStrategy(Strategy):
     partition: Partition
     shares: list[float] | None = None
     costs: BlockCosts | None = None
+    rebalancer: Rebalancer | None = None
+    #: a checkpoint's partition, to go on at once it has loaded (rebalance only)
+    saved_partition: Partition | None = None
 
     @property
     def config(self) -> PipelineFields:
@@ -108,6 +124,8 @@ class PipelineStrategy(Strategy):
             make_learner=self._learner,
             model_of_record=lambda learner, _progress: PipelineRecord(self.ctx, self.learner),
             section=self._section,
+            before_checkpoint=self._before_checkpoint,
+            after_restore=self._after_restore,
         )
         return self.drive(task, StepLoop(self.ctx, task, self, collaborators))
 
@@ -187,6 +205,7 @@ class PipelineStrategy(Strategy):
                 f"strategy.stages: {total} stages need at least as many blocks; the model has "
                 f"{blocks}: use fewer stages"
             )
+        rebalance = config.rebalance != "off"
         if config.partitions is not None:
             try:
                 check_partitions(config.partitions, total, blocks)
@@ -195,12 +214,17 @@ class PipelineStrategy(Strategy):
             partition = [(int(a), int(b)) for a, b in config.partitions]
             if ctx.is_main:
                 ctx.log.info("pipeline partition (given): %s", describe_partition(partition))
+            if rebalance:  # the blocks' costs, to weigh other partitions against it
+                self.costs = self._measure(model, blocks)
+                self._rebalancer(self.costs)
             return partition
         self.costs = self._measure(model, blocks)
         costs = self.costs.costs(config.balance)
         partition = balanced_partition(costs, total)
         whole = sum(costs) or 1.0
         self.shares = [c / whole for c in stage_costs(costs, partition)]
+        if rebalance:
+            self._rebalancer(self.costs)
         if ctx.is_main:
             ctx.log.info(
                 "pipeline partition balanced by measured %s over %d batches: %s; per block: "
@@ -212,6 +236,117 @@ class PipelineStrategy(Strategy):
                 ", ".join(f"{m / 2**20:.2f}" for m in self.costs.memory_bytes),
             )
         return partition
+
+    def _rebalancer(self, costs: BlockCosts) -> None:
+        config = self.config
+        ranks = config.pipeline_ranks
+        self.rebalancer = Rebalancer(self.ctx, costs.seconds, ranks, config.rebalance_threshold)
+
+    # ------------------------------------------------------------ re-balancing
+    def _before_checkpoint(self, run: Run) -> None:
+        """Collective: weigh the partition on the speeds measured since the last checkpoint;
+        move to the best one if it gains more than the threshold; record the decision."""
+        rebalancer = self.rebalancer
+        if rebalancer is None:
+            return
+        compute_s, steps = self.sync.take_work()
+        rebalancer.measure(self.partition, compute_s, steps)
+        decision = rebalancer.decide(self.partition)
+        if decision is None:
+            return
+        if decision.moves:
+            self._repartition(decision.new)
+            rebalancer.moves += 1
+            self.shares = stage_shares(decision.new_times)
+        self._record(run, decision)
+
+    def _record(self, run: Run, decision: Decision) -> None:
+        """A `partition` record in metrics.jsonl and a line in rank 0's log: the partition
+        measured, each stage's share and seconds, the best one, the speeds behind them."""
+        rebalancer = self.rebalancer
+        assert rebalancer is not None
+        step, speeds = run.progress.global_step, rebalancer.speeds
+        record = {
+            "event": "partition",
+            "step": step,
+            "moved": decision.moves,
+            "partition": [list(p) for p in decision.old],
+            "shares": stage_shares(decision.old_times),
+            "stage_seconds": decision.old_times,
+            "best": [list(p) for p in decision.new],
+            "best_shares": stage_shares(decision.new_times),
+            "best_stage_seconds": decision.new_times,
+            "gain": decision.gain,
+            "rank_speeds": speeds,
+            "block_seconds": rebalancer.block_seconds(decision.old),
+        }
+        old = describe_partition(decision.old, stage_shares(decision.old_times))
+        new = describe_partition(decision.new, stage_shares(decision.new_times))
+        rates = ", ".join(f"{s:.2f}" for s in speeds or [])
+        if decision.moves and self.ctx.is_main:
+            self.ctx.log.info(
+                "step %d: pipeline re-partitioned from %s to %s: the slowest stage's time "
+                "%.0f%% lower (rank speeds, measured / profiled time: %s)",
+                step,
+                old,
+                new,
+                100 * decision.gain,
+                rates,
+            )
+        elif self.ctx.is_main:
+            self.ctx.log.info(
+                "step %d: pipeline partition kept (%s; the best would gain %.0f%%, threshold "
+                "%.0f%%; rank speeds %s)",
+                step,
+                old,
+                100 * decision.gain,
+                100 * rebalancer.threshold,
+                rates,
+            )
+        run.metrics.write(record)
+
+    def _repartition(self, partition: Partition) -> None:
+        """Collective: rebuild this rank's stages at `partition`, moving parameters and
+        optimizer state to their new owners."""
+        model = self.learner.full
+        self.partition = partition
+        old = self.sync
+        self.place = self._place(model)
+        self.sync = self._sync(model)
+        self.sync.take_over(old)
+        self.learner.repartition(self.place, self.sync)
+
+    def state_dict(self) -> dict[str, Any]:
+        """The partition (and the re-balance's speeds): a resume goes on at it."""
+        state: dict[str, Any] = {"pipeline_partition": [list(p) for p in self.partition]}
+        if self.rebalancer is not None:
+            state["rebalance"] = self.rebalancer.state_dict()
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """With rebalance on, the checkpoint's partition (moved to after the parts have
+        loaded); off, the config's partition stands, as it always did."""
+        saved = state.get("pipeline_partition") if isinstance(state, dict) else None
+        if self.rebalancer is None or saved is None:
+            return
+        self.rebalancer.load_state_dict(state.get("rebalance") or {})
+        try:
+            check_partitions(saved, len(self.partition), len(self.rebalancer.costs))
+        except FieldError as error:
+            self.ctx.log.info("the checkpoint's partition does not fit this job (%s): kept", error)
+            return
+        self.saved_partition = [(int(a), int(b)) for a, b in saved]
+
+    def _after_restore(self, _step: int) -> None:
+        saved, self.saved_partition = self.saved_partition, None
+        if saved is None or saved == self.partition:
+            return
+        self._repartition(saved)
+        if self.ctx.is_main:
+            self.ctx.log.info(
+                "pipeline partition of the checkpoint (re-balanced): %s",
+                describe_partition(saved),
+            )
 
     def _measure(self, model: nn.Module, blocks: int) -> BlockCosts:
         """Every rank times the blocks; the mean over ranks is what every rank uses."""
@@ -254,6 +389,12 @@ class PipelineStrategy(Strategy):
             section["shares"] = self.shares
             section["block_seconds"] = self.costs.seconds
             section["block_memory_bytes"] = self.costs.memory_bytes
+        if self.rebalancer is not None:
+            section["rebalance"] = {
+                "moves": self.rebalancer.moves,
+                "rank_speeds": self.rebalancer.speeds,
+                "threshold": self.rebalancer.threshold,
+            }
         section.update(self.sync.summary())
         return {"pipeline": section}
 

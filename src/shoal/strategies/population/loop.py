@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from shoal.checkpoint.parts import FilePart, RankRngs, StatePart
+from shoal.checkpoint.parts import Custom, FilePart, RankRngs, StatePart
 from shoal.comm.codec import recv_tree, send_tree
 from shoal.comm.links import CommGroup
 from shoal.errors import ConfigError, ShoalError
@@ -165,6 +165,7 @@ class PopulationLoop:
             checkpoint_every=config.checkpoint_every,
             validation=self._validation,
             selection=(config.split, self.metric, self.mode),
+            optional_parts=("placement",),  # older checkpoints lack it
         )
 
     def state_parts(self) -> dict[str, StatePart]:
@@ -175,6 +176,7 @@ class PopulationLoop:
         self._members_part = members  # its placement follows the scheduler's
         return {
             "population": BookPart(self.book, self.record),
+            "placement": Custom(self._placement_state, self._load_placement),
             "members": members,
             "rng": RankRngs(self.ctx),
         }
@@ -328,9 +330,7 @@ class PopulationLoop:
                 member.load_state_dict(state)
                 member.set_hyperparameters(self.book.hyper[m])
                 self.members[m] = member
-        self.roles = self.record.roles = self.report.roles = roles
-        if self._members_part is not None:
-            self._members_part.roles = roles
+        self._adopt(roles)
         self.book.times["communication"] += time.perf_counter() - started
         speeds = self.scheduler.speeds or []
         ctx.log.info("generation %d: members moved %s; %s", g, moves, roles.describe())
@@ -344,6 +344,42 @@ class PopulationLoop:
                 "steps_per_s": speeds,
             }
         )
+
+    def _placement_state(self) -> dict[str, Any]:
+        """Each member's worker index and the workers' smoothed speeds (dynamic placement)."""
+        roles = self.roles
+        placement = [roles.workers.index(roles.owner(m)) for m in range(self.size)]
+        speeds = self.scheduler.speeds if self.scheduler is not None else None
+        return {"placement": placement, "speeds": speeds}
+
+    def _load_placement(self, state: dict[str, Any]) -> None:
+        """Under dynamic placement, on as many workers: the members go where the checkpoint
+        had them (before their states load) and the speeds are the saved ones; otherwise the
+        placement starts afresh."""
+        placement, speeds = state.get("placement"), state.get("speeds")
+        workers = len(self.roles.workers)
+        if self.scheduler is None or speeds is None or len(speeds) != workers:
+            return
+        if not isinstance(placement, list) or len(placement) != self.size:
+            return
+        self.scheduler.speeds = [float(v) for v in speeds]
+        roles = self.roles.placed([int(w) for w in placement])
+        ctx = self.ctx
+        for m in [m for m in self.members if roles.owner(m) != ctx.rank]:
+            del self.members[m]
+        for m in roles.hosted_by(ctx.rank):
+            if m not in self.members:  # its state comes with the members part, next
+                taken = [member.model for member in self.members.values()]
+                seed = member_seed(self.train.seed, m)
+                self.members[m] = Member(ctx, self.task, m, seed, self.total_steps, taken)
+        self._adopt(roles)
+        ctx.log.info("members placed as the checkpoint had them: %s", roles.describe())
+
+    def _adopt(self, roles: RankRoles) -> None:
+        """`roles` is where the members are from now on, for every part that asks."""
+        self.roles = self.record.roles = self.report.roles = roles
+        if self._members_part is not None:
+            self._members_part.roles = roles
 
     def _before_step(self, step: int) -> None:
         if self.ctx.heartbeat is not None:

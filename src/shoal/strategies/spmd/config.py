@@ -143,6 +143,12 @@ class HybridStrategyConfig(SpmdSection, PipelineFields):
         if not self.mesh:
             raise FieldError(("strategy", "mesh"), "name at least one dimension, e.g. data = 2")
         super().check(config)
+        if self.rebalance != "off":
+            raise FieldError(
+                ("strategy", "rebalance"),
+                "re-partitioning at checkpoints is built for strategy pipeline, not for a "
+                'hybrid mesh\'s pipeline dimension; set rebalance = "off"',
+            )
         if "pipeline" in self.mesh:
             self._check_pipeline_dimension(config)
 
