@@ -46,7 +46,7 @@ def run_ps(work: Path, source: Path, name: str, config: Path = DEMO) -> tuple[fl
     subprocess.run(command, check=True, capture_output=True, env=env, cwd=work)
     wall = time.perf_counter() - started
     results = json.loads((work / "runs" / name / "results.json").read_text())
-    return wall, float(results["samples_per_s"])
+    return wall, float(results.get("samples_per_s", 0.0))
 
 
 def run_fed(work: Path, source: Path, name: str) -> tuple[float, float]:
