@@ -4,6 +4,7 @@
     .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --rounds 4
     .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --aggregation ring
     .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --job ps
+    .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --job fed
 
 Runs `shoal train` with PYTHONPATH set to each source tree in turn (the workers
 inherit it), alternating within each round, and prints each round's figure and
@@ -12,6 +13,9 @@ default): the MLP of `dp_vs_ddp.py` (10.5M parameters, 2 workers, global batch
 256) with `--aggregation` (native, ring, ...), steady-state samples/s. `--job ps`:
 the parameter server's demo (`make demo`'s config, 4 workers and 2 servers), the
 command's wall time in seconds (lower is better) and results.json's samples/s.
+`--job fed`: examples/federated.toml (2 workers, 20 clients, secure aggregation),
+the samples the clients trained on per second of round time, the first round left
+out (it pays the workers' warm-up), and the command's wall time.
 """
 
 from __future__ import annotations
@@ -28,19 +32,29 @@ from pathlib import Path
 
 import tomli_w
 
-DEMO = Path(__file__).resolve().parent.parent / "examples" / "kge-kinships-ps.toml"
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+DEMO = EXAMPLES / "kge-kinships-ps.toml"
+FEDERATED = EXAMPLES / "federated.toml"
 
 
-def run_ps(work: Path, source: Path, name: str) -> tuple[float, float]:
-    """(wall seconds, samples/s) of the demo job from `source`."""
+def run_ps(work: Path, source: Path, name: str, config: Path = DEMO) -> tuple[float, float]:
+    """(wall seconds, samples/s) of the demo job (or `config`) from `source`."""
     env = {**os.environ, "PYTHONPATH": str(source.resolve())}
-    command = [sys.executable, "-m", "shoal", "train", str(DEMO), "--set", "monitor.progress=off"]
+    command = [sys.executable, "-m", "shoal", "train", str(config), "--set", "monitor.progress=off"]
     command += ["--set", f"run.dir={work / 'runs'}", "--set", f"run.name={name}"]
     started = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, env=env, cwd=work)
     wall = time.perf_counter() - started
     results = json.loads((work / "runs" / name / "results.json").read_text())
-    return wall, float(results["samples_per_s"])
+    return wall, float(results.get("samples_per_s", 0.0))
+
+
+def run_fed(work: Path, source: Path, name: str) -> tuple[float, float]:
+    """(wall seconds, samples per second of round time after the first round)."""
+    wall, _ = run_ps(work, source, name, FEDERATED)
+    metrics = (work / "runs" / name / "metrics.jsonl").read_text().splitlines()
+    rounds = [r for r in map(json.loads, metrics) if r["event"] == "round" and r["round"] > 1]
+    return wall, sum(r["samples"] for r in rounds) / sum(r["round_s"] for r in rounds)
 
 
 def run(work: Path, source: Path, name: str, steps: int, skip: int, aggregation: str) -> float:
@@ -82,7 +96,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip", type=int, default=10)
-    parser.add_argument("--job", choices=("dp", "ps"), default="dp")
+    parser.add_argument("--job", choices=("dp", "ps", "fed"), default="dp")
     parser.add_argument("--aggregation", default="native", help="dp: the aggregation method")
     args = parser.parse_args()
     rates: dict[str, list[float]] = {"a": [], "b": []}
@@ -92,19 +106,19 @@ def main() -> None:
         for round_ in range(args.rounds):
             for label, source in (("a", args.a), ("b", args.b)):
                 name = f"{label}-{round_}"
-                if args.job == "ps":
-                    wall, rate = run_ps(work, source, name)
+                if args.job in ("ps", "fed"):
+                    wall, rate = (run_ps if args.job == "ps" else run_fed)(work, source, name)
                     walls[label].append(wall)
                 else:
                     rate = run(work, source, name, args.steps, args.skip, args.aggregation)
                 rates[label].append(rate)
             line = f"round {round_ + 1} (samples/s): a {rates['a'][-1]:.1f}  b {rates['b'][-1]:.1f}"
-            if args.job == "ps":
+            if args.job in ("ps", "fed"):
                 line += f"  (wall s: a {walls['a'][-1]:.1f}  b {walls['b'][-1]:.1f})"
             print(line, flush=True)
     a, b = statistics.median(rates["a"]), statistics.median(rates["b"])
     print(f"median samples/s: a ({args.a}) {a:.1f}, b ({args.b}) {b:.1f}; ratio b/a {b / a:.3f}")
-    if args.job == "ps":
+    if args.job in ("ps", "fed"):
         wa, wb = statistics.median(walls["a"]), statistics.median(walls["b"])
         print(f"median wall s: a {wa:.1f}, b {wb:.1f}; ratio b/a {wb / wa:.3f}")
 

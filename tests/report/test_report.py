@@ -66,6 +66,45 @@ def test_data_parallel_has_gradient_norm_memory_and_time_per_rank(
         assert label in time_text
 
 
+#: each strategy's unit and the parts its per-rank time bar must show (one worker's
+#: federated round waits for nobody: no communication wait there)
+BARS = {
+    "dp": ("step", ("data", "forward/backward", "communication wait", "optimizer", "checkpoint")),
+    "ps": ("step", ("data", "forward/backward", "communication wait", "optimizer")),
+    "fed": ("round", ("data", "forward/backward", "optimizer", "other", "checkpoint")),
+    "pop": ("generation", ("forward/backward", "communication wait", "evaluation", "other")),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BARS))
+def test_every_strategys_time_bar_is_its_ranks_phases(
+    finished: dict[str, dict[str, Any]], name: str, tmp_path: Path
+) -> None:
+    """One bar per rank of the phases the strategy's unit recorded (training/meter.py's
+    RankPhases), in seconds per step, round or generation; every record of a unit holds
+    every rank's phases and peak memory, and a worker's phases add up to its unit's time."""
+    run_dir = Path(finished[name]["run_dir"])
+    unit, parts = BARS[name]
+    page = _page(write_report([run_dir], tmp_path / "r.html"))
+    panel = page.panels["time"]
+    text = set(panel.text)
+    ranks = 2 if name in ("dp", "ps") else 1  # the parameter server's 2 workers
+    assert {f"rank {r}" for r in range(ranks)} <= text, text
+    assert set(parts) <= text, (name, text)
+    assert f"seconds per {unit}" in text and panel.drawn >= ranks * len(parts)
+    event = {"step": "train", "round": "round", "generation": "generation"}[unit]
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["event"] == event]
+    assert records
+    for record in records:
+        for r in range(ranks):
+            assert record[f"rank{r}_forward_backward_s"] > 0 and record[f"rank{r}_peak_mb"] > 10
+    if unit == "round":  # the worker's phases, other included, are its round
+        for record in records:
+            phases = ("data", "forward_backward", "comm", "optimizer", "other")
+            spent = sum(record[f"rank0_{p}_s"] for p in phases)
+            assert spent == pytest.approx(record["round_s"], rel=0.1, abs=0.01)
+
+
 def test_population_panel_shows_members_and_lineage(
     finished: dict[str, dict[str, Any]], tmp_path: Path
 ) -> None:

@@ -197,6 +197,8 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
         # 4 report flags, 4 run counts, 2 workers' busy seconds and client counts, and 6
         # round statistics
         "round_status": (torch.float64, 4 + 4 + 2 * 2 + 6),
+        # 2 workers' seconds in 5 phases of the round and peak memory (training/meter.py)
+        "round_phases": (torch.float64, 2 * (5 + 1)),
         "model_update": (torch.int64, params + 1),  # exact fixed point (federated/exact.py)
         "masked_model_update": (torch.int64, params + 1),
         "public_keys": (torch.uint8, 4 * 256),
@@ -220,12 +222,14 @@ def test_no_training_sample_crosses_the_wire(runs: Path, secure: bool) -> None:
                     assert not _contains_row(np.ldexp(values, -k), rows), f"a sample at 2^{k}"
             seen.add(record["what"])
     update = "masked_model_update" if secure else "model_update"
-    expected = {"round_status", update, "stop_request"} | ({"public_keys"} if secure else set())
+    expected = {"round_status", update, "round_phases", "stop_request"} | (
+        {"public_keys"} if secure else set()
+    )
     assert seen == expected
     rounds = _rounds(results)
     sent = rounds[-1]["wire_bytes_sent_per_worker"]
     # the third round's record is written before its stop agreement: two of 2 x 4 bytes
-    assert sent == 3 * (18 * 8 + (params + 1) * 8) + (1024 if secure else 0) + 2 * 2 * 4
+    assert sent == 3 * (18 * 8 + (params + 1) * 8 + 12 * 8) + (1024 if secure else 0) + 2 * 2 * 4
 
 
 def test_differential_privacy_clips_noises_and_reports(runs: Path) -> None:
@@ -340,3 +344,23 @@ def test_balanced_and_dynamic_assignments_give_the_static_model_bit_for_bit(runs
     assert all(sum(rec["worker_clients"]) == 6 for rec in dynamic)
     fast, slowed = (sum(rec["worker_clients"][w] for rec in dynamic) for w in (0, 1))
     assert slowed < fast
+    _assert_the_waiting_worker_waited(_rounds(results["static"]))
+
+
+def _assert_the_waiting_worker_waited(rounds: list[dict[str, Any]]) -> None:
+    """Each worker's round in phases (training/meter.py's RankPhases): its clients' steps
+    and the round's communication wait, where the worker that ran its clients sooner
+    waits for the other; with the rest of the round, a worker's phases are the round."""
+    phases = ("data", "forward_backward", "comm", "optimizer", "other")
+    uneven = 0
+    for rec in rounds:
+        for w in (0, 1):
+            spent = sum(rec[f"rank{w}_{p}_s"] for p in phases)
+            assert spent == pytest.approx(rec["round_s"], rel=0.1, abs=0.02), (w, rec)
+            assert rec[f"rank{w}_forward_backward_s"] > 0
+        busy = rec["worker_busy_s"]
+        sooner, later = (0, 1) if busy[0] < busy[1] else (1, 0)
+        if busy[later] > 1.5 * busy[sooner]:
+            uneven += 1
+            assert rec[f"rank{sooner}_comm_s"] > rec[f"rank{later}_comm_s"], rec
+    assert uneven, "the slowed worker's rounds took longer"

@@ -16,17 +16,23 @@ from dataclasses import dataclass
 from typing import Any
 
 from shoal.report.figures import Series, bars, lines, stacked_bars
-from shoal.report.runs import RunData
+from shoal.report.runs import UNIT_EVENTS, RunData
 
 #: the records with a step's training figures, by strategy family
-TRAIN_EVENTS = ("train", "round", "generation")
-#: where a step's time goes, per rank (training/meter.py's fields), and the checkpoint
+TRAIN_EVENTS = UNIT_EVENTS
+#: where a unit's time goes, per rank (training/meter.py's RankPhases fields: the step
+#: loop's phases, a generation's evaluation, the rest of a round or a generation); the
+#: checkpoint's share comes from the checkpoint records
 PHASES = {
     "data": "data_s",
     "forward/backward": "forward_backward_s",
     "communication wait": "comm_s",
     "optimizer": "optimizer_s",
+    "evaluation": "eval_s",
+    "other": "other_s",
 }
+#: the unit of a run's per-rank phases, by the event that records them
+UNITS = {"train": "step", "round": "round", "generation": "generation"}
 MAX_METRICS = 6  # metric charts per page; the rest are in the summary table
 
 
@@ -79,8 +85,10 @@ def fmt(value: Any) -> str:
     return str(value)
 
 
-def charts(*svgs: str) -> str:
-    return "".join(f'<div class="chart">{svg}</div>' for svg in svgs if svg)
+def charts(*svgs: str, wide: bool = False) -> str:
+    """The panel's charts side by side; `wide`: one chart drawn wide, alone in its row."""
+    kind = "chart wide" if wide else "chart"
+    return "".join(f'<div class="{kind}">{svg}</div>' for svg in svgs if svg)
 
 
 # ------------------------------------------------------------------ config and summary
@@ -198,7 +206,8 @@ def metrics_panel(runs: list[RunData]) -> Panel | None:
         if run.records("generation"):
             names.update({"best_score": None, "median_score": None})
     svgs = []
-    for name in list(names)[:MAX_METRICS]:
+    shown = [n for n in names if _has_metric(runs, n)][:MAX_METRICS]
+    for name in shown:
         series = []
         for i, run in enumerate(runs):
             xs, ys = column(run.records(*TRAIN_EVENTS), "step", f"train_{name}")
@@ -210,11 +219,20 @@ def metrics_panel(runs: list[RunData]) -> Panel | None:
             xs, ys = column(run.records("generation"), "step", name)
             series.append(Series(label(runs, run, name.replace("_", " ")), xs, ys, "o-", color(i)))
         if any(s.xs for s in series):
-            svgs.append(lines([s for s in series if s.xs], "step", name))
+            svgs.append(lines([s for s in series if s.xs], "step", name, wide=len(shown) == 1))
     if not svgs:
         return None
-    return Panel(
-        "metrics", "Metrics", charts(*svgs), "training (solid) and validation (dashed) by step"
+    body = charts(*svgs, wide=len(svgs) == 1)
+    return Panel("metrics", "Metrics", body, "training (solid) and validation (dashed) by step")
+
+
+def _has_metric(runs: list[RunData], name: str) -> bool:
+    """Whether any record draws metric `name` (a chart of it has a line)."""
+    keys = (f"train_{name}", name)
+    return any(
+        any(isinstance(r.get(k), int | float) for k in keys)
+        for run in runs
+        for r in run.records(*TRAIN_EVENTS, "eval")
     )
 
 
@@ -228,7 +246,7 @@ def throughput_panel(runs: list[RunData]) -> Panel | None:
     return Panel(
         "throughput",
         "Throughput",
-        charts(lines(series, "step", "samples/s")),
+        charts(lines(series, "step", "samples/s", wide=True), wide=True),
         "training samples per second of step time",
     )
 
@@ -254,7 +272,7 @@ def bytes_panel(runs: list[RunData]) -> Panel | None:
     return Panel(
         "bytes",
         "Bytes sent",
-        charts(lines(series, "step", "bytes")),
+        charts(lines(series, "step", "bytes", wide=True), wide=True),
         "what went on the wire per step (the mean over ranks) or per round",
     )
 
@@ -266,7 +284,7 @@ def grad_norm_panel(runs: list[RunData]) -> Panel | None:
         series.append(Series(label(runs, run, "gradient norm"), xs, ys, "-", color(i)))
     if not any(s.xs for s in series):
         return None
-    body = charts(lines(series, "step", "global gradient norm", log_y=True))
+    body = charts(lines(series, "step", "global gradient norm", True, wide=True), wide=True)
     return Panel(
         "grad_norm", "Gradient norm", body, "the global norm before clipping, at each logged step"
     )
@@ -274,13 +292,18 @@ def grad_norm_panel(runs: list[RunData]) -> Panel | None:
 
 # ------------------------------------------------------------------ per rank
 def time_panel(runs: list[RunData]) -> Panel | None:
-    """Where a step's time goes, one bar per rank (the step loop's phases, averaged over
-    the logged intervals, plus checkpoint writing spread over the steps); runs without
-    per-rank phases show their whole-run split (results.json's `time_s`) or round time."""
+    """Where a unit's time goes, one bar per rank: the phases every strategy records per
+    rank (`training/meter.py`'s RankPhases; averaged over the logged steps, rounds or
+    generations), plus checkpoint writing spread over the units. Runs without per-rank
+    phases (older runs) show their whole-run split (results.json's `time_s`) or round time."""
     labels: list[str] = []
-    parts: dict[str, list[float]] = {name: [] for name in [*PHASES, "checkpoint", "other"]}
+    parts: dict[str, list[float]] = {name: [] for name in [*PHASES, "checkpoint"]}
+    units: dict[str, None] = {}
     for run in runs:
-        for rank_label, figures in _rank_times(run):
+        unit, times = _rank_times(run)
+        if times:
+            units[f"{unit} ({run.strategy})" if len(runs) > 1 else unit] = None
+        for rank_label, figures in times:
             labels.append(f"{run.name} {rank_label}" if len(runs) > 1 else rank_label)
             for name in parts:
                 parts[name].append(figures.get(name, 0.0))
@@ -288,26 +311,35 @@ def time_panel(runs: list[RunData]) -> Panel | None:
         return None
     used = {k: v for k, v in parts.items() if any(v)}
     shades = {name: color(i) for i, name in enumerate(parts)}  # a phase keeps its colour
-    body = charts(stacked_bars(labels, used, "seconds per step (a round: per round)", shades))
+    per = ", ".join(units)
+    body = charts(stacked_bars(labels, used, f"seconds per {per}", shades, wide=True), wide=True)
     return Panel(
         "time",
         "Where a step's time goes",
         body,
-        "per rank: data, forward/backward, communication wait, optimizer, checkpoint",
+        "per rank: data, forward/backward, communication wait, optimizer, checkpoint (a "
+        "federated run: per round, its clients' steps and the aggregation; a population: per "
+        "generation, its members' steps, their evaluation and the exploit copies)",
     )
 
 
-def _rank_times(run: RunData) -> list[tuple[str, dict[str, float]]]:
-    phases = {name: run.per_rank(field_) for name, field_ in PHASES.items()}
-    ranks = max((len(v) for v in phases.values()), default=0)
-    steps = max(float(_final(run, "steps") or _final(run, "step") or 1), 1.0)
-    if ranks:
-        means = {name: _mean_per_rank(run, field_, ranks) for name, field_ in PHASES.items()}
+def _rank_times(run: RunData) -> tuple[str, list[tuple[str, dict[str, float]]]]:
+    """The unit ("step", "round", "generation") and each rank's seconds per unit by part."""
+    event = next((e for e in UNIT_EVENTS if any("rank0_comm_s" in r for r in run.records(e))), None)
+    if event is not None:
+        records = [r for r in run.records(event) if "rank0_comm_s" in r]
+        ranks = len(run.per_rank("comm_s"))
+        means = {name: per_rank_means(records, field_, ranks) for name, field_ in PHASES.items()}
+        if event == "train":
+            units = max(float(_final(run, "steps") or _final(run, "step") or 1), 1.0)
+        else:
+            units = float(max(len(run.records(event)), 1))
         checkpoint = _checkpoint_s(run, ranks)
-        return [
-            (f"rank {r}", {**{n: means[n][r] for n in PHASES}, "checkpoint": checkpoint[r] / steps})
+        return UNITS[event], [
+            (f"rank {r}", {**{n: means[n][r] for n in PHASES}, "checkpoint": checkpoint[r] / units})
             for r in range(ranks)
         ]
+    steps = max(float(_final(run, "steps") or _final(run, "step") or 1), 1.0)
     time_s = (run.results or {}).get("time_s")
     if isinstance(time_s, dict) and time_s:
         named = {"compute": "forward/backward", "communication": "communication wait"}
@@ -315,18 +347,20 @@ def _rank_times(run: RunData) -> list[tuple[str, dict[str, float]]]:
             named.get(k, "other"): float(v) / steps for k, v in time_s.items() if k != "checkpoint"
         }
         figures["checkpoint"] = float(time_s.get("checkpoint", 0.0)) / steps
-        return [("all ranks", figures)]
+        return "step", [("all ranks", figures)]
     rounds = run.records("round")
     if rounds:
         spent = [float(r["round_s"]) for r in rounds if _number(r.get("round_s"))]
         writing = sum(_checkpoint_s(run, 1)) / max(len(rounds), 1)
-        return [("a round", {"other": sum(spent) / max(len(spent), 1), "checkpoint": writing})]
-    return []
+        other = sum(spent) / max(len(spent), 1)
+        return "round", [("a round", {"other": other, "checkpoint": writing})]
+    return "step", []
 
 
-def _mean_per_rank(run: RunData, field_: str, ranks: int) -> list[float]:
+def per_rank_means(records: list[dict[str, Any]], field_: str, ranks: int) -> list[float]:
+    """Each rank's mean of `rank<r>_<field_>` over `records` (0 where never recorded)."""
     sums, counts = [0.0] * ranks, [0] * ranks
-    for record in run.records("train"):
+    for record in records:
         for r in range(ranks):
             value = record.get(f"rank{r}_{field_}")
             if isinstance(value, int | float):
@@ -356,7 +390,7 @@ def memory_panel(runs: list[RunData]) -> Panel | None:
             values.append(float(peak))
     if not labels:
         return None
-    body = charts(bars(labels, values, "peak memory (MB)"))
+    body = charts(bars(labels, values, "peak memory (MB)", horizontal=True, wide=True), wide=True)
     return Panel(
         "memory", "Peak memory per rank", body, "resident set on CPU, the allocator's peak on CUDA"
     )

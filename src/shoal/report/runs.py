@@ -21,6 +21,9 @@ from shoal.errors import ShoalError
 #: per-rank fields of a record: `rank<r>_<name>` (the step loop's phases and peak memory,
 #: the pipeline's compute and idle seconds)
 RANK_FIELD = re.compile(r"^rank(\d+)_(.+)$")
+#: the records with a unit's training figures and per-rank phases: a step of the step
+#: loop, a federated round, a population generation (`training/meter.py`'s RankPhases)
+UNIT_EVENTS = ("train", "round", "generation")
 
 
 @dataclass
@@ -61,9 +64,13 @@ class RunData:
             out.extend(self.events.get(event, []))
         return out
 
+    def unit_records(self) -> list[dict[str, Any]]:
+        """The records of the run's units (steps, rounds or generations)."""
+        return self.records(*UNIT_EVENTS)
+
     def per_rank(self, name: str) -> list[float]:
-        """`rank<r>_<name>` of the newest train record that has it, by rank."""
-        for record in reversed(self.events.get("train", [])):
+        """`rank<r>_<name>` of the newest unit record that has it, by rank."""
+        for record in reversed(self.unit_records()):
             found = {
                 int(m.group(1)): float(v)
                 for k, v in record.items()

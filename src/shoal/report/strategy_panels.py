@@ -11,7 +11,12 @@
   by member and the exploit copies;
 - model parallel: the pipeline's measured bubble beside the schedule's theory, each
   rank's compute and idle seconds per step and peak memory (`rank<r>_*` fields,
-  results.json's `pipeline.ranks`), and a tensor-parallel / sharded run's mesh.
+  results.json's `pipeline.ranks`); a tensor-parallel / sharded / hybrid run's
+  per-rank step time split into compute and the gradient sync (the step loop's
+  `rank<r>_forward_backward_s`, `_comm_s`, `_optimizer_s`: the collectives inside the
+  layers' DTensor ops and FSDP's gathers run inside forward and backward and cannot be
+  told apart from the compute there; the sync after backward is timed on its own), its
+  peak memory, results.json's per-rank state bytes, and the mesh.
 """
 
 from __future__ import annotations
@@ -21,9 +26,17 @@ from typing import Any
 
 from shoal.report.figures import Series, bars, lines, stacked_bars
 from shoal.report.panels import Panel, charts, color, column, label, table
+from shoal.report.panels import per_rank_means as means
 from shoal.report.runs import RunData
 
 MESH_STRATEGIES = ("pipeline", "tensor_parallel", "fully_sharded", "hybrid")
+#: an SPMD rank's step: the step loop's phases, named for what they hold under a mesh
+SPMD_PARTS = {
+    "compute (forward/backward with the layers' collectives)": "forward_backward_s",
+    "gradient sync (after backward)": "comm_s",
+    "optimizer": "optimizer_s",
+    "data": "data_s",
+}
 
 
 def parameter_server_panel(runs: list[RunData]) -> Panel | None:
@@ -230,6 +243,7 @@ def model_parallel_panel(runs: list[RunData]) -> Panel | None:
             parts["idle"].append(d)
     if labels:
         svgs.append(stacked_bars(labels, parts, "seconds per step"))
+    svgs += _spmd_charts(runs)
     rows = []
     for run in runs:
         section = (run.results or {}).get("pipeline") or {}
@@ -256,6 +270,11 @@ def model_parallel_panel(runs: list[RunData]) -> Panel | None:
             ["run", "rank", "stages", "bubble", "peak MB", "parameters+gradients+optimizer MB"],
             rows,
         )
+    memory = _spmd_memory_rows(runs)
+    if memory:
+        body += table(
+            ["run", "rank", "parameters MB", "gradients MB", "optimizer MB", "peak MB"], memory
+        )
     if notes:
         body += "".join(f"<p>{html.escape(n)}</p>" for n in notes)
     if not body:
@@ -264,8 +283,49 @@ def model_parallel_panel(runs: list[RunData]) -> Panel | None:
         "model_parallel",
         "Model parallel",
         body,
-        "per-stage compute and idle time, memory, and the pipeline bubble",
+        "per-stage compute and idle time, memory, and the pipeline bubble; per-rank compute, "
+        "gradient sync and memory of a tensor-parallel, sharded or hybrid mesh",
     )
+
+
+def _spmd(run: RunData) -> bool:
+    """An SPMD mesh run (a pipeline, also one in a hybrid mesh, records compute and idle)."""
+    return run.strategy in MESH_STRATEGIES[1:] and not run.per_rank("compute_s")
+
+
+def _spmd_charts(runs: list[RunData]) -> list[str]:
+    """Each SPMD rank's seconds per step by part, and its peak memory."""
+    labels: list[str] = []
+    parts: dict[str, list[float]] = {name: [] for name in SPMD_PARTS}
+    peaks: list[float] = []
+    for run in (r for r in runs if _spmd(r)):
+        records = [r for r in run.records("train") if "rank0_comm_s" in r]
+        ranks = len(run.per_rank("comm_s"))
+        split = {name: means(records, field_, ranks) for name, field_ in SPMD_PARTS.items()}
+        peak = run.per_rank("peak_mb")
+        for r in range(ranks):
+            labels.append(f"{run.name} rank {r}" if len(runs) > 1 else f"rank {r}")
+            for name in SPMD_PARTS:
+                parts[name].append(split[name][r])
+            peaks.append(peak[r] if r < len(peak) else 0.0)
+    if not labels:
+        return []
+    used = {k: v for k, v in parts.items() if any(v)}
+    return [
+        stacked_bars(labels, used, "seconds per step"),
+        bars(labels, peaks, "peak memory (MB)", horizontal=True),
+    ]
+
+
+def _spmd_memory_rows(runs: list[RunData]) -> list[list[Any]]:
+    """results.json's `memory.per_rank` of SPMD runs: each rank's local shards, in MB."""
+    rows = []
+    for run in (r for r in runs if _spmd(r)):
+        for rank, entry in enumerate(((run.results or {}).get("memory") or {}).get("per_rank", [])):
+            mb = [entry.get(f"{k}_bytes", 0) / 2**20 for k in ("parameters", "gradients")]
+            mb += [entry.get(f"{k}_bytes", 0) / 2**20 for k in ("optimizer", "peak_rss")]
+            rows.append([run.name, rank, *mb])
+    return rows
 
 
 def _bubble_records(run: RunData) -> list[dict[str, Any]]:

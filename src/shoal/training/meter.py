@@ -5,6 +5,11 @@ backward, communication wait, optimizer) and each rank's peak memory are kept
 per rank, as `rank<r>_<name>` fields (the names the pipeline's stage figures
 use), so the report can draw one bar per rank and show the straggler: each rank
 fills its own slots of a vector that the interval's one all-reduce sums.
+
+:class:`RankPhases` is that per-rank recorder, the one every strategy uses: the
+step loop's :class:`IntervalMeter` folds it into its all-reduce; federated rounds
+and population generations (whose unit is not a step) add their clients' or
+members' steps to one and time their own communication and evaluation into it.
 """
 
 from __future__ import annotations
@@ -48,6 +53,62 @@ class StepStats:
 
 
 @dataclass
+class RankPhases:
+    """This rank's seconds per phase over a unit of work, and every rank's after a reduce.
+
+    `names` are the metric names (`rank<r>_<name>`): the step loop's `PHASES`, and for
+    a round or a generation also `eval_s` (members' evaluation) and `other_s` (the
+    rest of the unit's wall time). `slots` is this rank's row of a world x (names +
+    peak memory) vector, zeros elsewhere: summed over ranks it holds every rank's row.
+    """
+
+    names: tuple[str, ...] = tuple(PHASES.values())
+    seconds: dict[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.seconds = dict.fromkeys(self.names, 0.0)
+
+    def add_step(self, stats: StepStats) -> None:
+        """A step's phases (a StepStats field per name in `PHASES`)."""
+        for attribute, name in PHASES.items():
+            self.seconds[name] += getattr(stats, attribute)
+
+    def add(self, name: str, seconds: float) -> None:
+        self.seconds[name] += seconds
+
+    @property
+    def total(self) -> float:
+        return sum(self.seconds.values())
+
+    @property
+    def width(self) -> int:
+        return len(self.names) + 1  # and the peak memory
+
+    def slots(self, ctx: WorkerContext, per: float = 1.0) -> list[float]:
+        """This rank's seconds per unit (`per` units were recorded) and peak memory (MiB)
+        in its own row of a world-wide vector."""
+        mine = [self.seconds[name] / max(per, 1.0) for name in self.names]
+        mine.append(peak_memory_bytes(ctx.device) / 2**20)
+        row = [0.0] * (ctx.world_size * self.width)
+        row[ctx.rank * self.width : (ctx.rank + 1) * self.width] = mine
+        return row
+
+    def read(self, summed: list[float], world: int) -> dict[str, float]:
+        """`rank<r>_<name>` and `rank<r>_peak_mb` from the slots summed over the ranks."""
+        metrics = {}
+        for rank in range(world):
+            row = summed[rank * self.width : (rank + 1) * self.width]
+            for metric, value in zip([*self.names, "peak_mb"], row, strict=True):
+                metrics[f"rank{rank}_{metric}"] = value
+        return metrics
+
+    def reduce(self, ctx: WorkerContext, per: float = 1.0) -> dict[str, float]:
+        """Collective: every rank's figures (a strategy with its own counted group folds
+        `slots` into a collective of its own and calls `read`)."""
+        return self.read(all_reduce_sum(ctx, self.slots(ctx, per)), ctx.world_size)
+
+
+@dataclass
 class IntervalMeter:
     """Sums of one logging interval on this rank; `reduce` turns them into metrics."""
 
@@ -60,7 +121,7 @@ class IntervalMeter:
     skipped: int = 0
     steps: int = 0
     sums: dict[str, float] = field(default_factory=dict)
-    phases: dict[str, float] = field(default_factory=lambda: dict.fromkeys(PHASES, 0.0))
+    phases: RankPhases = field(default_factory=RankPhases)
     grad_norm: float | None = None  # the latest measured norm of the interval
     started: float = field(default_factory=time.perf_counter)
 
@@ -73,8 +134,7 @@ class IntervalMeter:
         self.sent_bytes += stats.sent_bytes
         self.skipped += int(stats.skipped)
         self.steps += 1
-        for name in PHASES:
-            self.phases[name] += getattr(stats, name)
+        self.phases.add_step(stats)
         if stats.grad_norm is not None:
             self.grad_norm = stats.grad_norm
         for name, value in stats.sums.items():
@@ -88,12 +148,7 @@ class IntervalMeter:
         local += [self.grad_norm or 0.0, float(self.grad_norm is not None)]
         local += [self.sums[n] for n in names]
         # each rank's own slots: its phases per step and its peak memory
-        world, width = ctx.world_size, len(PHASES) + 1
-        mine = [self.phases[name] / max(self.steps, 1) for name in PHASES]
-        mine.append(peak_memory_bytes(ctx.device) / 2**20)
-        ranks = [0.0] * (world * width)
-        ranks[ctx.rank * width : (ctx.rank + 1) * width] = mine
-        total = all_reduce_sum(ctx, local + ranks)
+        total = all_reduce_sum(ctx, local + self.phases.slots(ctx, self.steps))
         per_rank, total = total[len(local) :], total[: len(local)]
         samples = max(total[1], 1.0)
         step_time = max(total[4] / ctx.world_size, 1e-9)
@@ -114,8 +169,5 @@ class IntervalMeter:
             metrics["grad_norm"] = total[7] / total[8]
         for name, value in zip(names, total[9:], strict=True):
             metrics[f"train_{name}"] = value / samples
-        for rank in range(world):
-            row = per_rank[rank * width : (rank + 1) * width]
-            for metric, value in zip([*PHASES.values(), "peak_mb"], row, strict=True):
-                metrics[f"rank{rank}_{metric}"] = value
+        metrics.update(self.phases.read(per_rank, ctx.world_size))
         return metrics

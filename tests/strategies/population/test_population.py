@@ -227,6 +227,12 @@ def test_dynamic_schedule_moves_members_off_a_slow_worker_and_changes_nothing(
     placed = schedules[-1]["members_by_rank"]
     assert len(placed["1"]) < len(placed["0"]) and len(placed["1"]) >= 1
     assert sorted(placed["0"] + placed["1"]) == list(range(5))
+    # each worker's generation in phases (training/meter.py's RankPhases): in the first,
+    # rank 1 trains 2 members 3x slower than rank 0 trains its 3
+    first = next(r for r in records if r["event"] == "generation")
+    assert first["rank1_forward_backward_s"] > 1.5 * first["rank0_forward_backward_s"]
+    for r in (0, 1):
+        assert first[f"rank{r}_eval_s"] > 0 and first[f"rank{r}_comm_s"] > 0
 
     # the checkpoint holds the placement and the speeds: a resume (not slowed) trains each
     # member where the run left it, rather than re-learning the placement from round-robin

@@ -16,6 +16,9 @@ import torch
 import shoal
 from shoal.checkpoint.sharded import plain_model_state
 from shoal.errors import JobFailed, TrainingHalted
+from shoal.monitor.metrics import read_metrics
+from shoal.report import write_report
+from tests.report.page import read_page
 from tests.tasks.lm.helpers import lm_job, write_text
 
 STEPS = 6
@@ -67,6 +70,27 @@ def test_equals_local(
     ranks = results["memory"]["per_rank"]
     assert len(ranks) == results["world_size"]
     assert all(r["state_bytes"] > 0 and r["peak_rss_bytes"] > 0 for r in ranks)
+    _assert_model_parallel_figures(results, strategy)
+
+
+def _assert_model_parallel_figures(results: dict[str, Any], strategy: dict[str, Any]) -> None:
+    """metrics.jsonl holds every rank's compute, gradient-sync and optimizer seconds and peak
+    memory; the report's model-parallel panel draws them per rank beside the state bytes."""
+    world = results["world_size"]
+    run_dir = Path(results["run_dir"])
+    train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["event"] == "train"]
+    assert train
+    for record in train:
+        for r in range(world):
+            assert record[f"rank{r}_forward_backward_s"] > 0 and record[f"rank{r}_peak_mb"] > 10
+            if strategy.get("data") == "replicated":  # the data dimension's all-reduce
+                assert record[f"rank{r}_comm_s"] > 0
+    page = read_page(write_report([run_dir], run_dir / "report.html").read_text())
+    panel = page.panels["model_parallel"]
+    assert {f"rank {r}" for r in range(world)} <= set(panel.text)
+    assert "gradient sync (after backward)" in panel.text
+    assert panel.svgs == 2 and panel.drawn >= 2 * world  # the time split and peak memory
+    assert panel.rows == world  # results.json's state bytes per rank
 
 
 def test_nonfinite_gradient_halts_naming_rank_parameter_and_coordinates(

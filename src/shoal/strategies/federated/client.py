@@ -23,6 +23,7 @@ from shoal.strategies.federated.vector import ModelVector
 from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan, steps_per_epoch
 from shoal.training.learner import Learner
+from shoal.training.meter import RankPhases
 
 
 class ClientDropped(RuntimeError):
@@ -85,8 +86,10 @@ class ClientRunner:
         global_x: torch.Tensor,
         deadline: float | None,
         fault: ClientFault | None = None,
+        phases: RankPhases | None = None,
     ) -> ClientReport:
-        """Train `client` from `global_x`; raises on failure (the caller drops the client)."""
+        """Train `client` from `global_x`; raises on failure (the caller drops the client).
+        Each local step's phases are added to `phases` (the worker's round)."""
         if deadline is not None and time.monotonic() >= deadline:
             raise ClientDropped("the round's deadline passed before the client could start")
         self.vector.write(global_x)
@@ -117,6 +120,8 @@ class ClientRunner:
                 if deadline is not None and time.monotonic() >= deadline:
                     raise ClientDropped(f"still training after {done} of {total} local steps")
                 stats = learner.step(shard[plan.global_batch(step)])
+                if phases is not None:
+                    phases.add_step(stats)
                 loss_sum += stats.loss_sum
                 report.trained += stats.samples
                 for name, value in stats.sums.items():

@@ -17,6 +17,13 @@ Every worker holds the global model x. A round:
    aggregation); w_i = n_i (samples), or 1 under differential privacy;
 5. every worker applies the same server step to x (FedAvg, FedProx, FedOpt).
 
+Each worker times its round in the step loop's phases (`training/meter.py`'s
+`RankPhases`): its clients' local steps (data, forward/backward, optimizer), the
+round's communication wait (the status and update all-reduces: a fast worker
+waits there for the slowest), the server step (optimizer) and the rest of the
+round (client setup, computing the update: `other`); one more small all-reduce of
+these figures puts every worker's bar in the round's record.
+
 Only model updates, report flags, round statistics and public keys cross the
 process group (a CommGroup, `comm/links.py`, audited by `wire.py`); a client's
 samples are read only by its worker.
@@ -58,10 +65,13 @@ from shoal.strategies.federated.wire import WireAudit
 from shoal.tasks.base import Task
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.loop import ModelOfRecord, Plan, Run
+from shoal.training.meter import PHASES, RankPhases
 from shoal.training.optim import build_optimizer
 from shoal.training.steps import LocalModel
 
 OK, FAILED, TIMED_OUT = 1, 2, 3
+#: a round's per-worker phases: the step loop's, and the rest of the round
+ROUND_PHASES = (*PHASES.values(), "other_s")
 STATUS_NAMES = {FAILED: "failed", TIMED_OUT: "timed_out"}
 
 
@@ -259,6 +269,7 @@ class FederatedLoop:
     def _round(self, rnd: int) -> None:
         ctx, cfg = self.ctx, self.config
         started = time.perf_counter()
+        self.phases = RankPhases(ROUND_PHASES)
         selected = select_clients(cfg, ctx.config.train.seed, rnd)
         deadline = time.monotonic() + cfg.round_timeout_s if cfg.round_timeout_s else None
         faults = {f.client: f for f in cfg.inject if f.round == rnd}
@@ -272,7 +283,13 @@ class FederatedLoop:
             client_started = time.perf_counter()
             try:
                 reports[client] = self.runner.run(
-                    client, self.shards[client], rnd, self.x, deadline, faults.get(client)
+                    client,
+                    self.shards[client],
+                    rnd,
+                    self.x,
+                    deadline,
+                    faults.get(client),
+                    self.phases,
                 )
                 status[client] = OK
             except ClientDropped as exc:
@@ -308,7 +325,9 @@ class FederatedLoop:
             sum(secure.fixed_point_magnitude(v) for v, _ in contributions.values()),
         ]
         shared = torch.cat([status, ran, busy, torch.tensor(stats, dtype=torch.float64)])
+        waited = time.perf_counter()
         self.wire.all_reduce_sum(shared, "round_status")
+        self.phases.add("comm_s", time.perf_counter() - waited)
         status = shared[:n].round().long()
         runs = shared[n : 2 * n].round().long()
         twice = [c for c in selected if runs[c] > 1]
@@ -334,9 +353,19 @@ class FederatedLoop:
         delta = (total[:-1] / weight).float()
 
         # 5. the server step, the same on every worker
+        stepped = time.perf_counter()
         self.aggregation.server_step(self.x, delta)
         self.vector.write(self.x)
+        self.phases.add("optimizer_s", time.perf_counter() - stepped)
         self._log_round(rnd, started, selected, reported, dropped, shared, delta, busy)
+
+    def _worker_phases(self, started: float) -> dict[str, float]:
+        """Every worker's phases of this round (`rank<r>_<phase>` seconds, peak memory): the
+        rest of its round is `other`. One small all-reduce of the figures alone."""
+        self.phases.add("other_s", max(time.perf_counter() - started - self.phases.total, 0.0))
+        slots = torch.tensor(self.phases.slots(self.ctx), dtype=torch.float64)
+        self.wire.all_reduce_sum(slots, "round_phases")
+        return self.phases.read(slots.tolist(), self.ctx.world_size)
 
     def _contributions(
         self, reports: dict[int, ClientReport]
@@ -386,7 +415,7 @@ class FederatedLoop:
             local = torch.zeros(size, dtype=torch.int64)
             for vector in vectors.values():
                 local += exact.to_fixed(vector, k)
-            self.wire.all_reduce_sum(local, "model_update")
+            self._reduce_update(local, "model_update")
             return exact.from_fixed(local, k)
         if magnitude >= secure.RANGE_LIMIT:
             scale = float(1 << secure.FRACTION_BITS)
@@ -399,8 +428,14 @@ class FederatedLoop:
         local = torch.zeros(size, dtype=torch.int64)
         for client, vector in vectors.items():
             local += secure.mask(client, secure.encode(vector), self.seeds[client], reported, rnd)
-        self.wire.all_reduce_sum(local, "masked_model_update")
+        self._reduce_update(local, "masked_model_update")
         return secure.decode(local)
+
+    def _reduce_update(self, local: torch.Tensor, what: str) -> None:
+        """The update's all-reduce, timed as the round's communication wait."""
+        started = time.perf_counter()
+        self.wire.all_reduce_sum(local, what)
+        self.phases.add("comm_s", time.perf_counter() - started)
 
     def _too_few(
         self, rnd: int, selected: list[int], reported: list[int], dropped: dict[str, list[int]]
@@ -433,6 +468,7 @@ class FederatedLoop:
         sums = dict(zip(self.sum_names, stats[2 : 2 + len(self.sum_names)], strict=True))
         norm_sum, clipped = stats[2 + len(self.sum_names)], stats[3 + len(self.sum_names)]
         model_bytes = self.vector.size * 4
+        phases = self._worker_phases(started)  # before the wire's counts: they include it
         record: dict[str, Any] = {
             "event": "round",
             "round": rnd + 1,
@@ -450,6 +486,7 @@ class FederatedLoop:
             "wire_bytes_sent_per_worker": self.wire.sent_bytes,
             "wire_bytes_received_per_worker": self.wire.received_bytes,
             "round_s": time.perf_counter() - started,
+            **phases,
             "worker_busy_s": busy[: len(busy) // 2].tolist(),
             "worker_clients": [int(c) for c in busy[len(busy) // 2 :]],
         }

@@ -155,6 +155,7 @@ class ServerLearner:
         self.share = share
         self.steps_per_epoch = steps_per_epoch(task.train_size, train.batch_size, train.drop_last)
         self._next: tuple[int, dict[str, Any], PendingPull] | None = None
+        self._data_s = 0.0  # the step's reading of batches (its own, the next one's)
         self.total_steps: int | None = None
 
     @property
@@ -175,12 +176,22 @@ class ServerLearner:
         return plan.global_batch(index)
 
     def _request(self, step: int, global_batch: torch.Tensor) -> tuple[dict[str, Any], PendingPull]:
+        """Read the batch (timed as the step's data phase) and ask for its rows."""
+        started = time.perf_counter()
         batch = self.task.train_batch(local_share(global_batch, *self.share))
         entity_ids, relation_ids = self.task.rows_touched(batch)
+        self._data_s += time.perf_counter() - started
         return batch, self.client.pull(entity_ids, relation_ids, step)
 
     def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats:
+        """Pull the batch's rows (prefetched by the step before, with `prefetch`), forward
+        and backward, push the row gradients. Phases: data (the batch, also the next
+        one's when prefetching), communication wait (waiting for the pull, posting the
+        push), optimizer (the worker's part of the update: the non-finite check and the
+        norm; the servers apply it, their time is in the parameter-server panel),
+        forward/backward (the rest)."""
         started = time.perf_counter()
+        self._data_s = 0.0
         assert global_step is not None, "the parameter server needs the clock"
         if self._next is not None and self._next[0] == global_step:
             _, batch, pending = self._next
@@ -189,7 +200,7 @@ class ServerLearner:
         self._next = None
         entity_ids, relation_ids = pending.entity_ids, pending.relation_ids
         entity, relation = pending.wait()
-        waited = time.perf_counter() - started
+        waited = time.perf_counter() - started - self._data_s
         following = global_step + 1
         if (
             self.config.prefetch
@@ -216,6 +227,7 @@ class ServerLearner:
         if relation_grad is None:
             relation_ids, relation_grad = relation_ids[:0], relation.detach()[:0]
         self.client.note_held(entity, relation, entity_grad, relation_grad)
+        checked = time.perf_counter()
         skipped = False
         if not (torch.isfinite(entity_grad).all() and torch.isfinite(relation_grad).all()):
             if self.train.on_nonfinite == "halt":
@@ -230,20 +242,26 @@ class ServerLearner:
             entity_grad, relation_grad = entity_grad[:0], relation_grad[:0]
         # this worker's row gradients (no clipping here): two small tensors of the batch's rows
         norm = float(torch.cat([entity_grad.flatten(), relation_grad.flatten()]).norm())
+        pushing = time.perf_counter()
         self.client.push(entity_ids, entity_grad, relation_ids, relation_grad, global_step)
         self.served.clock = global_step + 1
-        wall = time.perf_counter() - started
+        ended = time.perf_counter()
+        wall = ended - started
+        comm_s = waited + (ended - pushing)
+        optimizer_s = pushing - checked
         return StepStats(
             loss_sum,
             samples,
             sums,
-            wall - waited,
-            waited,
+            wall - comm_s,
+            comm_s,
             wall,
             sent_bytes=self.sync.take_sent_bytes(),
             skipped=skipped,
             grad_norm=norm,
-            forward_backward_s=wall - waited,
+            data_s=self._data_s,
+            optimizer_s=optimizer_s,
+            forward_backward_s=wall - comm_s - self._data_s - optimizer_s,
         )
 
     def observe_metric(self, value: float, direction: str) -> None:

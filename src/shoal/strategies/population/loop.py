@@ -69,6 +69,11 @@ from shoal.tasks.base import Task
 from shoal.training.batching import steps_per_epoch
 from shoal.training.faults import InjectedFault, maybe_inject_fault
 from shoal.training.loop import ModelOfRecord, Plan, Run
+from shoal.training.meter import PHASES, RankPhases
+
+#: a generation's per-worker phases: its members' steps' (the step loop's), their
+#: evaluation, and the rest of the generation
+GENERATION_PHASES = (*PHASES.values(), "eval_s", "other_s")
 
 
 class PopulationFailed(RuntimeError):
@@ -237,16 +242,23 @@ class PopulationLoop:
 
     # ------------------------------------------------------------ a generation
     def _generation(self, g: int) -> None:
+        """Train and evaluate this worker's members, exchange the scores, exploit and
+        explore. Each worker times its generation in the step loop's phases (`RankPhases`):
+        its members' steps, their evaluation (`eval`), the exchange, the exploit copies and
+        member moves (`communication wait`), the rest (`other`)."""
+        began = time.perf_counter()
         start = g * self.config.ready_interval
         steps = min(self.config.ready_interval, self.total_steps - start)
         local: dict[int, GenerationStats] = {}
+        phases = RankPhases(GENERATION_PHASES)
         for m, member in self.members.items():
             try:
-                stats = member.train(steps, self._before_step)
+                stats = member.train(steps, self._before_step, phases)
             finally:
                 self._undo_fault()  # a slowed rank computes slowly while it trains, only
             if stats.error is None:
                 stats.metrics, stats.eval_s = self._evaluate(member)
+                phases.add("eval_s", stats.eval_s)
             local[m] = stats
             self.ctx.log.info(
                 "generation %d member %d: %s", g, m, stats.error or f"{stats.metrics}"
@@ -254,6 +266,7 @@ class PopulationLoop:
         exchange_started = time.perf_counter()
         everyone = self._exchange(local)
         self.book.times["communication"] += time.perf_counter() - exchange_started
+        phases.add("comm_s", time.perf_counter() - exchange_started)
         scores = [self._score(everyone[m]) for m in range(self.size)]
         records = [
             MemberRecord(
@@ -273,18 +286,24 @@ class PopulationLoop:
             self.book.times["evaluation"] += stats.eval_s
             self.book.samples += stats.samples
             self.book.failures += stats.error is not None
-        sent, self._sent_mark = self.peers.sent_bytes - self._sent_mark, self.peers.sent_bytes
-        now = time.perf_counter()
-        self.report.log(
-            generation, everyone, self.members, sent / max(steps, 1), now - self._last_generation
-        )
-        self._last_generation = now
+        self.report.members(generation)
         best = generation.members[best_member(generation, self.mode)]
         self.run.logged_train({"loss": best.train_loss}, start + steps)
         if g + 1 < self.generations:
+            evolving = time.perf_counter()
             self._evolve(g, scores, start + steps)
             if self.scheduler is not None:
                 self._reschedule(g, everyone)
+            phases.add("comm_s", time.perf_counter() - evolving)
+        sent, self._sent_mark = self.peers.sent_bytes - self._sent_mark, self.peers.sent_bytes
+        now = time.perf_counter()
+        seconds = now - self._last_generation  # with the driver's validation, checkpoints
+        phases.add("other_s", max(now - began - phases.total, 0.0))
+        figures = phases.reduce(self.ctx)
+        self._last_generation = now
+        self.report.summary(
+            generation, everyone, self.members, sent / max(steps, 1), seconds, figures
+        )
         self.book.next_generation = g + 1
 
     def _reschedule(self, g: int, everyone: dict[int, GenerationStats]) -> None:

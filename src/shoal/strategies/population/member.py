@@ -29,6 +29,7 @@ from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan
 from shoal.training.contracts import LocalGradientSync
 from shoal.training.learner import Learner
+from shoal.training.meter import RankPhases
 from shoal.training.state import TrainProgress
 
 
@@ -113,8 +114,11 @@ class Member:
             p.step_in_epoch = 0
         return batch
 
-    def train(self, steps: int, before_step: Any) -> GenerationStats:
+    def train(
+        self, steps: int, before_step: Any, phases: RankPhases | None = None
+    ) -> GenerationStats:
         """Train `steps` steps with this member's generators; a failure is caught and returned.
+        Each step's phases are added to `phases` (the worker's generation).
 
         An exception in a step (other than a user error) or a non-finite loss marks
         the member failed; its data position still moves to the generation's end,
@@ -131,6 +135,8 @@ class Member:
             while self.progress.global_step < target:
                 before_step(self.progress.global_step)
                 step = self.learner.step(self.next_batch())
+                if phases is not None:
+                    phases.add_step(step)
                 loss_sum += step.loss_sum.detach().double().cpu()
                 stats.samples += step.samples
                 stats.steps += 1

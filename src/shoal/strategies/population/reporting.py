@@ -24,18 +24,9 @@ class GenerationReport:
         self.split, self.generations = split, generations
         self.default_lr = run.ctx.config.train.optimizer.lr
 
-    def log(
-        self,
-        generation: Generation,
-        everyone: dict[int, GenerationStats],
-        members: dict[int, Member],
-        sent_bytes_per_step: float = 0.0,
-        seconds: float = 0.0,
-    ) -> None:
-        """A `member` line per member (the lineage), a `member_failed` line per failure, and
-        a `generation` summary, which the progress display shows. `members`: this worker's;
-        `sent_bytes_per_step`: what this rank sent to peers (states, exploit copies);
-        `seconds`: wall time since the previous generation's summary (or the first start)."""
+    def members(self, generation: Generation) -> None:
+        """A `member` line per member (the lineage) and a `member_failed` line per failure,
+        written before exploit and explore (which may end the run)."""
         g, step = generation.index, generation.end
         for m, record in enumerate(generation.members):
             self.run.metrics.write(
@@ -71,6 +62,21 @@ class GenerationReport:
                     g,
                     record.error,
                 )
+
+    def summary(
+        self,
+        generation: Generation,
+        everyone: dict[int, GenerationStats],
+        members: dict[int, Member],
+        sent_bytes_per_step: float = 0.0,
+        seconds: float = 0.0,
+        phases: dict[str, float] | None = None,
+    ) -> None:
+        """The `generation` summary, which the progress display shows. `members`: this
+        worker's; `sent_bytes_per_step`: what this rank sent to peers (states, exploit
+        copies); `seconds`: wall time since the previous generation's summary (or the first
+        start); `phases`: every worker's `rank<r>_<phase>` seconds of the generation."""
+        g, step = generation.index, generation.end
         fit = fitness([r.score for r in generation.members], self.mode)
         good = [m for m in range(len(generation.members)) if not math.isnan(fit[m])]
         best = best_member(generation, self.mode)
@@ -95,6 +101,7 @@ class GenerationReport:
             "sent_bytes_per_step": sent_bytes_per_step,
             "generation_s": seconds,
             "lr": generation.members[best].hyperparameters.get("lr", self.default_lr),
+            **(phases or {}),
         }
         self.run.metrics.write(summary)
         epoch = min(member.progress.last_step_epoch for member in members.values())
