@@ -28,7 +28,7 @@ from torch.distributed.checkpoint.state_dict import (
 from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from shoal.checkpoint.integrity import CorruptCheckpoint
-from shoal.checkpoint.sharded import MARKER, SHARDED_DIR, is_marker
+from shoal.checkpoint.marker import MARKER, SHARDED_DIR, is_marker
 
 
 class ShardedFiles:

@@ -41,23 +41,29 @@ import torch
 from torch import nn
 
 from shoal.checkpoint.integrity import load_tensors
+from shoal.checkpoint.marker import MARKER, SHARDED_DIR, is_marker
 from shoal.runtime.dtensors import is_dtensor
+
+__all__ = [
+    "MARKER",
+    "SHARDED_DIR",
+    "export_model",
+    "is_marker",
+    "is_sharded",
+    "load_model",
+    "load_plain_optimizer",
+    "plain_model_state",
+    "read_full",
+    "sharded_part",
+]
 
 if TYPE_CHECKING:
     from shoal.checkpoint.dcp_io import ShardedModelPart
-
-#: the folder of a checkpoint that holds the DCP pieces, and the marker state.pt keeps
-SHARDED_DIR = "sharded"
-MARKER = {"sharded": SHARDED_DIR}
 
 
 def is_sharded(model: nn.Module) -> bool:
     """True when some parameter is a DTensor (no rank holds the model whole)."""
     return any(is_dtensor(p) for p in model.parameters())
-
-
-def is_marker(state: Any) -> bool:
-    return isinstance(state, dict) and state == MARKER
 
 
 def sharded_part(model: nn.Module, optimizer: torch.optim.Optimizer) -> ShardedModelPart | None:
