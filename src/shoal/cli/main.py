@@ -65,7 +65,7 @@ def _starts_workers(args: argparse.Namespace) -> bool:
     try:
         source = RunPaths(Path(args.resume)).config if args.resume else args.config
         return bool(load_config(source, args.set).strategy.type != "local")
-    except Exception:
+    except Exception:  # a bad config or run directory: the launcher reports it, in one line
         return False
 
 
