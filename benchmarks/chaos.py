@@ -79,6 +79,7 @@ def _ps_job(folder: Path, name: str, chaos: bool) -> Path:
     25 steps."""
     graph = folder / "graph"
     if not graph.exists():
+        graph.mkdir()
         write_planted_graph(graph)
     job: dict[str, Any] = {
         "task": {"type": "kge", "dim": 32, "model": {"type": "transe", "p": 2},
