@@ -80,3 +80,35 @@ def test_a_server_killed_in_async_mode_comes_back_alone_and_the_workers_go_on(
     steps = restarted["steps"]
     # each worker pushed each server once a clock (replays are not counted again)
     assert section["pushes"] == 2 * 2 * steps
+
+
+def test_a_server_killed_after_the_best_evaluation_still_restores_the_best_model(
+    runs: Path, graph: dict[str, str]
+) -> None:
+    """The best model is a snapshot in the servers' memory: a server restarted alone after
+    the best evaluation reads its rows back from best/ (checkpoint.keep_best), so the job
+    tests and exports the same best model as a job never interrupted.
+
+    Early stopping with patience 1 makes the best model one evaluation older than the final
+    one; the server dies between the two, after no checkpoint but best/'s copies: it comes
+    back at clock 0 and the workers send again every push. (Here the best is the first
+    evaluation: one best/ copy, which alone never pruned the push logs.)"""
+    strategy = ps(optimizer={"kind": "lazy_adam", "lr": 0.01}, placement="dedicated")
+    train = {"epochs": 30, "eval_every_epochs": 1, "early_stopping_patience": 1,
+             "early_stopping_min_delta": 0.02}  # fmt: skip
+    full = shoal.train(job(runs, graph, "best-full", strategy=strategy, train=train))
+    best = full["best"]["step"]
+    assert full["stopped_early"] and best < full["steps"]  # the final model is not the best
+    faults = {"max_restarts": 1, "restart_backoff_s": 0.1,
+              "inject": {"rank": 3, "step": best + 2, "kind": "exit"}}  # fmt: skip
+    restarted = shoal.train(
+        job(runs, graph, "best-restarted", strategy=strategy, train=train, faults=faults)
+    )
+    assert restarted["restarts"] == 1 and restarted["failures"][0]["alone"] is True
+    assert restarted["best"]["step"] == best and restarted["steps"] == full["steps"]
+    assert restarted["test"] == full["test"]  # evaluated on the same best model
+    for name in ("entity_embeddings.npy", "relation_embeddings.npy"):
+        ours, theirs = (Path(r["run_dir"]) / "embeddings" / name for r in (restarted, full))
+        assert ours.read_bytes() == theirs.read_bytes(), name
+    log = (Path(restarted["run_dir"]) / "logs" / "rank-3.log").read_text()
+    assert f"the best model (clock {best}) restored from" in log

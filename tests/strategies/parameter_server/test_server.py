@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+import json
 from pathlib import Path
 
 import numpy as np
@@ -279,3 +280,59 @@ def test_a_colocated_worker_gets_each_reply_whatever_order_it_waits_in() -> None
     assert first is not None and first.header.seq == 42
     assert second is not None and second.header.seq == 41
     assert channel.reply_to(43, timeout_s=0.05) is None
+
+
+def _restore(clock: int, folder: Path | str = "") -> Message:
+    blob = json.dumps({"clock": clock, "folder": str(folder)}).encode()
+    return Message(Header(Op.RESTORE, 0, 2, fresh=True), 0, blob=blob)
+
+
+def _trained(server: ShardServer, clocks: range) -> None:
+    for clock in clocks:
+        for worker in (0, 1):
+            server.receive(_push(worker, clock, [1, 4], 0.1 * (clock + 1)), 0.0)
+
+
+def test_the_best_model_comes_back_from_memory_or_else_from_its_checkpoint(
+    tmp_path: Path,
+) -> None:
+    """RESTORE puts back the snapshot of the best clock; a server restarted since (a fresh
+    ShardServer: its snapshot died with its process) reads the rows of that clock from the
+    best checkpoint's shard files instead, and refuses, changing nothing, when there is
+    none or it is of another clock."""
+
+    def load(folder: Path, tables: dict[str, TableShard]) -> int:
+        state = torch.load(folder / "ps-shard-000-of-001.pt", weights_only=True)
+        for name, table in tables.items():
+            table.rows.copy_(state[f"{name}.rows"])
+        return int(state["clock"])
+
+    first = _server("sync", 0)
+    first.save_root = tmp_path.resolve()
+    _trained(first, range(1))
+    first.receive(Message(Header(Op.SNAPSHOT, 0, 1, fresh=True), 0), 0.0)
+    best = tmp_path / "best" / "step-1"
+    best.mkdir(parents=True)
+    first.receive(Message(Header(Op.SAVE, 0, 1, fresh=True), 0, blob=str(best).encode()), 0.0)
+    best_rows = first.tables["entity"].rows.clone()
+    _trained(first, range(1, 2))
+    assert not torch.equal(first.tables["entity"].rows, best_rows)
+    (reply,) = first.receive(_restore(1), 0.0)
+    assert json.loads(reply.blob) == {"restored": "memory"}
+    assert torch.equal(first.tables["entity"].rows, best_rows)
+
+    again = _server("sync", 0)  # restarted after the best evaluation: no snapshot
+    again.save_root, again.load_files = tmp_path.resolve(), load
+    _trained(again, range(2))
+    final = again.tables["entity"].rows.clone()
+    for asked, why in (
+        (_restore(1), "holds no snapshot of clock 1"),
+        (_restore(0, best), "holds clock 1, not the best model's 0"),
+        (_restore(1, tmp_path.parent), "outside the run directory"),
+    ):
+        (refused,) = again.receive(asked, 0.0)
+        assert refused.header.op == Op.ERROR and why in refused.blob.decode()
+        assert torch.equal(again.tables["entity"].rows, final)
+    (reply,) = again.receive(_restore(1, best), 0.0)
+    assert json.loads(reply.blob) == {"restored": "disk"}
+    assert torch.equal(again.tables["entity"].rows, best_rows)

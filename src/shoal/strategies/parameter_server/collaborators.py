@@ -14,11 +14,15 @@ copied the state of this one.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from torch import nn
 
+from shoal.checkpoint.integrity import read_meta
+from shoal.checkpoint.manager import list_checkpoints
+from shoal.errors import ShoalError
 from shoal.runtime.collectives import all_reduce_max, all_reduce_sum, barrier
 from shoal.runtime.context import WorkerContext
 from shoal.strategies.parameter_server.client import RowClient
@@ -27,41 +31,65 @@ from shoal.training.state import TrainProgress
 
 
 class ServedModel:
-    """The model of record of a worker: the served model; the best is a servers' snapshot."""
+    """The model of record of a worker: the served model; the best is a servers' snapshot,
+    and a checkpoint in best/ (`checkpoint.keep_best`) for a server that lost it."""
 
     def __init__(
         self, ctx: WorkerContext, client: RowClient, model: nn.Module, progress: TrainProgress
     ) -> None:
         self.ctx, self.client, self._model, self.progress = ctx, client, model, progress
-        self.snapshot_step: int | None = None
 
     @property
     def model(self) -> nn.Module:
         return self._model
 
     def validated(self, best: bool) -> None:
-        if best:
-            if self.ctx.is_main:
-                self.client.control(Op.SNAPSHOT, self.progress.global_step)
-            self.snapshot_step = self.progress.global_step
+        if best and self.ctx.is_main:
+            self.client.control(Op.SNAPSHOT, self.progress.global_step)
         barrier(self.ctx)
 
     def restore_best(self, saved: Path | None) -> bool:
-        """The servers keep the best model of this session only; after a resume whose best
-        came before it, the final model is tested."""
-        step = self.snapshot_step
-        if step is None:
-            self.ctx.log.warning(
-                "parameter server: the best model (step %s) was found before this run resumed "
-                "and is not held by the servers: testing the final model",
-                self.progress.best_step,
-            )
-            return False
-        if step != self.progress.global_step:
-            if self.ctx.is_main:
-                self.client.control(Op.RESTORE, self.progress.global_step)
-            barrier(self.ctx)
-        return True
+        """Collective: the servers put the best model back, each from its snapshot or, if it
+        lost it (restarted after that evaluation, alone or with the job, or a run resumed
+        since), from the best checkpoint. Without that checkpoint (keep_best = false) and a
+        server that lost its snapshot, no server changes anything: the final model is
+        tested, and a warning says why."""
+        p = self.progress
+        if p.best_step == p.global_step:
+            return True  # the tables are the best model
+        folder = _best_folder(saved, self.ctx.paths.best, p.best_step)
+        ok = 0.0
+        if self.ctx.is_main:
+            held = [] if folder else self.client.control(Op.STATS, p.global_step, fresh=False)
+            lost = [i for i, s in enumerate(held) if s["snapshot_clock"] != p.best_step]
+            if lost:
+                self.ctx.log.warning(
+                    "parameter server: the best model (step %s) is held by no checkpoint "
+                    "(checkpoint.keep_best = false) and server(s) %s lost its snapshot "
+                    "(restarted since): testing the final model",
+                    p.best_step,
+                    ", ".join(map(str, lost)),
+                )
+            else:
+                blob = json.dumps({"clock": p.best_step, "folder": str(folder or "")})
+                self.client.control(Op.RESTORE, p.global_step, blob=blob.encode())
+                ok = 1.0
+        (restored,) = all_reduce_max(self.ctx, [ok])  # every worker returns rank 0's word
+        return bool(restored)
+
+
+def _best_folder(saved: Path | None, best: Path, step: int | None) -> Path | None:
+    """The checkpoint of the best model (`saved`, else the newest in best/) if it is of
+    `step`; None if there is none (keep_best = false) or it is of another step (a failed
+    attempt found a better model that this one has not reached again)."""
+    found = [saved] if saved is not None else list_checkpoints(best)[-1:]
+    for folder in found:
+        try:
+            if int(read_meta(folder).get("step", -1)) == step:
+                return folder
+        except ShoalError:
+            return None
+    return None
 
 
 class ShardFiles:
@@ -69,14 +97,24 @@ class ShardFiles:
 
     def __init__(self, ctx: WorkerContext, client: RowClient, progress: TrainProgress) -> None:
         self.ctx, self.client, self.progress = ctx, client, progress
+        self._folder: Path | None = None  # rank 0: the folder being written
 
     def write_files(self, folder: Path) -> dict[str, str]:
+        self._folder = folder
         answers = self.client.control(Op.SAVE, self.progress.global_step, blob=str(folder).encode())
         return {a["file"]: a["sha256"] for a in answers}
 
     def written(self) -> None:
-        barrier(self.ctx)  # rank 0 sealed the folder: a restarted server may resume from it
-        self.client.saved(self.progress.global_step)
+        """Rank 0 sealed the folder (this all-reduce is the workers' barrier): a restarted
+        server may resume from it, and the workers forget the pushes it makes useless
+        (rejoin.py's PushLog) — unless it is best/'s. The best model is no state a server
+        resumes from (newest_state never picks it), so forgetting pushes for it would leave
+        a server restarted from an older checkpoint without the replay it needs."""
+        folder, self._folder = self._folder, None
+        best = folder is not None and folder.parent == self.ctx.paths.best
+        (any_best,) = all_reduce_max(self.ctx, [float(best)])  # rank 0's word, to every worker
+        if not any_best:
+            self.client.saved(self.progress.global_step)
 
 
 def server_section(

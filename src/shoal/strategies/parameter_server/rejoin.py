@@ -25,7 +25,8 @@ whatever their arrival order (`server.py`). So each worker keeps the pushes it
 sent every server since the newest state that server could be restored from
 (:class:`PushLog`: kept back to the previous checkpoint or snapshot, pruned when
 the next is written: one in-between is kept so that a state written but not yet
-sealed when the server died is never needed), and on reconnecting re-sends those
+sealed when the server died is never needed; a copy of the best model in best/
+is no such state), and on reconnecting re-sends those
 of clocks >= C, in clock order, then the requests it was still waiting on (a pull
 held for a clock is answered once that clock is applied again: the same rows the
 uninterrupted run read). The workers neither roll back nor redo a step: no step

@@ -28,6 +28,7 @@ reason, and a pull held for it names it.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import hashlib
 import io
 import json
@@ -36,13 +37,13 @@ import math
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 import torch
 
 from shoal.checkpoint.atomic import atomic_write_bytes
-from shoal.errors import PeerFailed
+from shoal.errors import PeerFailed, ShoalError
 from shoal.strategies.parameter_server.row_optimizers import RowOptimizer
 from shoal.strategies.parameter_server.wire import (
     ANSWERED,
@@ -54,6 +55,12 @@ from shoal.strategies.parameter_server.wire import (
 )
 
 TABLES = ("entity", "relation")
+
+
+class ShardLoader(Protocol):
+    """Fills tables with their rows from a checkpoint folder's shard files; its clock."""
+
+    def __call__(self, folder: Path, tables: dict[str, TableShard]) -> int: ...
 
 
 @dataclass
@@ -132,6 +139,7 @@ class ShardServer:
         barrier_timeout_s: float,
         save_root: Path | None = None,
         log: logging.Logger | None = None,
+        load_files: ShardLoader | None = None,
     ) -> None:
         self.index = index
         self.log = log or logging.getLogger(__name__)
@@ -153,6 +161,10 @@ class ShardServer:
             collections.deque() for _ in range(num_workers)
         ]
         self._snapshot: dict[str, tuple[torch.Tensor, dict[str, torch.Tensor]]] | None = None
+        self.snapshot_clock: int | None = None  # the clock of `_snapshot` (the best model's)
+        #: reads a checkpoint folder's shard files into tables (shards.load_shards): the
+        #: best model when this process holds no snapshot of it (see `_restore`)
+        self.load_files = load_files
         self.refused: dict[int, str] = {}  # worker -> why its pushes are no longer taken
         self.stats = ServerStats()
 
@@ -248,7 +260,7 @@ class ShardServer:
             raise WireError("only a push comes in chunks")
         if header.fresh and header.op not in ANSWERED:
             raise WireError("only an answered request can be fresh")
-        if message.blob and header.op != Op.SAVE:
+        if message.blob and header.op not in (Op.SAVE, Op.RESTORE):
             raise WireError(f"a {header.op.name.lower()} carries no blob")
         if len(message.ids) != header.rows:
             raise WireError(f"{len(message.ids)} row ids where the header says {header.rows}")
@@ -403,14 +415,69 @@ class ShardServer:
                 name: (t.rows.clone(), {k: v.clone() for k, v in t.state.items()})
                 for name, t in self.tables.items()
             }
-        elif header.op == Op.RESTORE and self._snapshot is not None:
+            self.snapshot_clock = header.clock
+        elif header.op == Op.RESTORE:
+            return Reply(header.sender, reply, blob=self._restore(message.blob))
+        elif header.op == Op.STATS:
+            stats = {**self.stats.as_json(), "snapshot_clock": self.snapshot_clock}
+            return Reply(header.sender, reply, blob=json.dumps(stats).encode())
+        return Reply(header.sender, reply)
+
+    def _restore(self, blob: bytes) -> bytes:
+        """Put the best model back: `blob` names its clock and the checkpoint folder that
+        holds it (`best/step-N`, "" if none). From the snapshot in memory when it is of that
+        clock; else from the folder's shard files: this server was restarted (alone, or
+        with the job) after the best evaluation, and the snapshot died with its process.
+        The newest checkpoint or in-memory state it came back from may be older than the
+        best evaluation, and the workers replay pushes, not snapshots: the best model
+        survives a restart only on disk (`checkpoint.keep_best`, which writes it at each
+        improvement). Answers where the rows came from; WireError (and no row changed)
+        when neither holds them."""
+        try:
+            asked = json.loads(blob)
+            clock, folder = int(asked["clock"]), str(asked["folder"])
+        except (ValueError, KeyError, TypeError) as exc:
+            raise WireError(f"a restore names a clock and a folder: {exc}") from None
+        if self._snapshot is not None and self.snapshot_clock == clock:
             for name, (rows, state) in self._snapshot.items():
                 self.tables[name].rows.copy_(rows)
                 for key, value in state.items():
                     self.tables[name].state[key].copy_(value)
-        elif header.op == Op.STATS:
-            return Reply(header.sender, reply, blob=json.dumps(self.stats.as_json()).encode())
-        return Reply(header.sender, reply)
+            return json.dumps({"restored": "memory"}).encode()
+        if not folder or self.load_files is None:
+            raise WireError(
+                f"server {self.index} holds no snapshot of clock {clock} (it was restarted "
+                "after that evaluation) and no best checkpoint was written (checkpoint."
+                "keep_best = false)"
+            )
+        target = self._inside_run(folder)
+        copies = {name: dataclasses.replace(t, rows=t.rows.clone(),
+                                            state={k: v.clone() for k, v in t.state.items()})
+                  for name, t in self.tables.items()}  # fmt: skip
+        try:
+            saved = self.load_files(target, copies)
+        except ShoalError as exc:
+            raise WireError(f"server {self.index}: the best model: {exc}") from None
+        if saved != clock:
+            raise WireError(f"{folder} holds clock {saved}, not the best model's {clock}")
+        for name, copy in copies.items():
+            self.tables[name].rows.copy_(copy.rows)
+            for key, value in copy.state.items():
+                self.tables[name].state[key].copy_(value)
+        self.log.info("server %d: the best model (clock %d) restored from %s", self.index,
+                      clock, folder)  # fmt: skip
+        return json.dumps({"restored": "disk"}).encode()
+
+    def _inside_run(self, folder: str) -> Path:
+        """`folder` resolved, if it lies inside the run directory (it comes from a message: a
+        peer must not make a server read or write elsewhere); WireError if not."""
+        try:
+            target = Path(folder).resolve()
+        except (ValueError, OSError) as exc:
+            raise WireError(f"not a folder name: {exc}") from None
+        if self.save_root is None or not target.is_relative_to(self.save_root):
+            raise WireError(f"refusing a folder outside the run directory: {folder}")
+        return target
 
     # ------------------------------------------------------------ checkpoints
     def shard_state(self, clock: int) -> dict[str, torch.Tensor]:
@@ -435,11 +502,9 @@ class ShardServer:
         could make the server write wherever it may."""
         try:
             folder = blob.decode()
-            target = Path(folder).resolve()
-        except (UnicodeDecodeError, ValueError, OSError) as exc:
+        except UnicodeDecodeError as exc:
             raise WireError(f"not a folder name: {exc}") from None
-        if self.save_root is None or not target.is_relative_to(self.save_root):
-            raise WireError(f"refusing to save a shard outside the run directory: {folder}")
+        target = self._inside_run(folder)
         buffer = io.BytesIO()
         torch.save(self.shard_state(clock), buffer)
         data = buffer.getvalue()

@@ -264,6 +264,7 @@ class ParameterServerStrategy(Strategy):
             config.barrier_timeout_s,
             ctx.paths.root,
             ctx.log,
+            lambda folder, tables: load_shards(folder, server, config.num_servers, tables, ctx.log),
         )
         if ctx.resume_from:
             shard.resume_at(

@@ -48,7 +48,7 @@ class Op(IntEnum):
     BYE = 3  # the worker is done; no reply
     SAVE = 4  # blob: folder to write the shard into -> reply blob: file name and sha256
     SNAPSHOT = 5  # keep a copy of the shard in memory (the best model so far)
-    RESTORE = 6  # go back to the snapshot
+    RESTORE = 6  # go back to the best model (the snapshot, else its checkpoint folder)
     STATS = 7  # reply blob: the server's statistics since the last STATS
     REPLY = 8
     ERROR = 9  # reply blob: what was wrong
