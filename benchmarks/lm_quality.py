@@ -4,7 +4,8 @@ strategy, from one seed and one global batch (issue 12).
 Every strategy trains `examples/lm-tinyshakespeare.toml` as shipped (dim 128, 4 heads,
 4 layers, context 128, 32 windows = 4,096 predicted characters a step, AdamW, warm-up
 then cosine decay over its 1,000 steps, clipping, seed 0) with only `[strategy]`
-changed, through the CLI (`shoal train`). A checkpoint is kept every --every steps;
+changed (and `train.drop_last = true` for every run, which a pipeline needs), through
+the CLI (`shoal train`). A checkpoint is kept every --every steps;
 the run is stopped (SIGTERM: a clean stop with a checkpoint) once step --budget's
 checkpoint exists, so each curve is the first --budget steps of the example's own
 schedule. Afterwards every kept checkpoint is exported as a plain state dict and
@@ -51,7 +52,7 @@ STOP_GRACE_S = 120
 #: name -> the `[strategy]` table (global batch 32 windows everywhere)
 STRATEGIES: dict[str, str] = {
     "local": '{ type = "local" }',
-    "data_parallel 2": '{ type = "data_parallel", workers = 2 }',
+    "data_parallel 2": '{ type = "data_parallel", num_replicas = 2 }',
     "pipeline 2 (1f1b)": (
         '{ type = "pipeline", stages = 2, schedule = "1f1b", microbatches = 4, '
         "partitions = [[0, 1], [2, 3]] }"
@@ -85,6 +86,7 @@ def train_chunk(name: str, run: Path, args: argparse.Namespace, deadline: float)
         command = [str(SHOAL), "train", str(EXAMPLE)]
         for override in (
             f"strategy={STRATEGIES[name]}",
+            "train.drop_last=true",  # a pipeline's micro-batches keep one shape: every run alike
             f"checkpoint.every_steps={args.every}",
             "checkpoint.keep_last=1000",
             "checkpoint.keep_best=false",
@@ -102,7 +104,7 @@ def train_chunk(name: str, run: Path, args: argparse.Namespace, deadline: float)
         child.wait(timeout=STOP_GRACE_S)
     done = reached(run, args.budget)
     if child.returncode not in (0, 143) and not done:
-        raise SystemExit(f"{name}: shoal train exited {child.returncode}; see {run}/logs")
+        print(f"{name}: shoal train exited {child.returncode}; see {run}/logs", flush=True)
     return done
 
 
