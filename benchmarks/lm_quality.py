@@ -147,14 +147,19 @@ def validation_loss(folder: Path, config: Any, tokens: torch.Tensor, run: Path) 
 
 
 def rate(run: Path) -> float | None:
-    """Training tokens/s over the run's logged steps (metrics.jsonl train records)."""
+    """Training tokens/s over the run's logged intervals but the first: steps x 4,096
+    predicted characters over the step time (metrics.jsonl train records; counted from the
+    steps, as an interval's `samples` under a tensor dimension counts each sample once per
+    tensor rank)."""
     path = run / "metrics.jsonl"
     if not path.exists():
         return None
     train = [r for r in map(json.loads, path.read_text().splitlines()) if r["event"] == "train"]
-    step_s = sum(r.get("step_s", 0.0) for r in train[1:])
-    samples = sum(r.get("samples", 0) for r in train[1:])
-    return samples * 128 / step_s if step_s else None
+    steps = sum(
+        b["step"] - a["step"] for a, b in itertools.pairwise(train) if b["step"] > a["step"]
+    )
+    step_s = sum(b["step_s"] for a, b in itertools.pairwise(train) if b["step"] > a["step"])
+    return steps * 4096 / step_s if step_s else None
 
 
 def table(curves: dict[str, dict[int, float]], rates: dict[str, float | None]) -> None:
@@ -179,12 +184,13 @@ def figure(curves: dict[str, dict[int, float]], out: Path) -> None:
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 7), sharex=True)
     local = curves["local"]
-    for name, curve in curves.items():
-        steps = sorted(curve)
+    for index, (name, curve) in enumerate(curves.items()):
+        steps = [s for s in sorted(curve) if s in local]
         tokens = [s * 4096 / 1e6 for s in steps]
-        top.plot(tokens, [curve[s] for s in steps], marker="o", ms=3, label=name)
+        color = f"C{index}"  # one colour per strategy in both panels
+        top.plot(tokens, [curve[s] for s in steps], marker="o", ms=3, label=name, color=color)
         if name != "local":
-            bottom.plot(tokens, [curve[s] - local[s] for s in steps if s in local], label=name)
+            bottom.plot(tokens, [curve[s] - local[s] for s in steps], color=color)
     top.set_ylabel("validation loss (nats/char)")
     top.legend(fontsize=8)
     top.set_title("examples/lm-tinyshakespeare.toml: validation loss by strategy")
