@@ -77,6 +77,10 @@ class Learner:
         self.scheduler = build_scheduler(self.optimizer, train, total_steps)
         self.total_steps = total_steps
         self.precision = Precision(train.mixed_precision, self.device)
+        #: False on a rank whose samples another rank of the step already counts (the ranks
+        #: of a tensor dimension past coordinate 0 compute on their group's samples): its
+        #: loss and sample counts then add nothing to the interval's sums over the ranks
+        self.counted = True
         # a sharded model's parameters and optimizer state are saved by every rank (DCP)
         self.sharded = sharded_part(model, self.optimizer)
         self._loaded_kind: str | None = None  # while loading: the saved optimizer's kind
@@ -105,6 +109,9 @@ class Learner:
         self.sync.begin_step()
         work_started = time.perf_counter()
         loss_sum, sums, samples = self.forward_backward(local, scale, loss_scale)
+        if not self.counted:
+            loss_sum, samples = torch.zeros_like(loss_sum), 0
+            sums = {name: value * 0 for name, value in sums.items()}
         comm_started = time.perf_counter()
         work_s = comm_started - work_started
         comm_s = self.sync.finish()

@@ -80,6 +80,8 @@ def _assert_model_parallel_figures(results: dict[str, Any], strategy: dict[str, 
     run_dir = Path(results["run_dir"])
     train = [r for r in read_metrics(run_dir / "metrics.jsonl") if r["event"] == "train"]
     assert train
+    # each sample counted once, however many tensor ranks compute on it (8 a step)
+    assert sum(r["samples"] for r in train) == results["steps"] * 8
     for record in train:
         for r in range(world):
             assert record[f"rank{r}_forward_backward_s"] > 0 and record[f"rank{r}_peak_mb"] > 10

@@ -18,6 +18,7 @@ import shoal
 from shoal.checkpoint.manager import list_checkpoints
 from shoal.checkpoint.sharded import SHARDED_DIR
 from shoal.errors import JobFailed, TrainingHalted
+from shoal.monitor.metrics import read_metrics
 from shoal.runtime.roles import RankRoles
 from tests.strategies.spmd.test_equivalence import assert_same, final_model
 from tests.tasks.lm.helpers import lm_job, write_text
@@ -103,6 +104,10 @@ def test_equals_local(
     assert [r["stages"] for r in section["ranks"]] == expected
     if "partitions" in strategy:
         assert section["partition"] == strategy["partitions"]
+    train = [
+        r for r in read_metrics(Path(results["run_dir"]) / "metrics.jsonl") if r["event"] == "train"
+    ]
+    assert sum(r["samples"] for r in train) == 4 * 8, "each sample counted once (4 steps of 8)"
 
 
 def test_resume_is_exact_at_the_same_mesh(text: Path, tmp_path: Path) -> None:

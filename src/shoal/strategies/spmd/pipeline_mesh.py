@@ -89,8 +89,9 @@ class MeshStageLearner(StageLearner):
     full model's names (every rank its pieces), and the full model gathered from whole
     tensors."""
 
-    def __init__(self, *args: Any, gives: bool, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, gives: bool, counted: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        self.counted = counted  # the last stage's tensor ranks > 0 repeat its samples
         # even unsharded (data x pipeline, replicated), no rank holds the whole model
         self.sharded = ShardedModelPart(self.model, self.optimizer)
         self.gives = gives  # this rank sends its stage when the full model is gathered
@@ -162,6 +163,7 @@ class MeshPipelineStrategy(PipelineStrategy):
             "share": (coords.get("data", 0), self.inner.get("data", 1)),
             "group": self.mesh["pipeline"].get_group(),
             "gives": coords.get("data", 0) == 0 and coords.get("tensor", 0) == 0,
+            "counted": coords.get("tensor", 0) == 0,
         }
 
     def _section(self, progress: TrainProgress) -> dict[str, Any]:

@@ -138,6 +138,8 @@ class SpmdStrategy(Strategy):
         index, count = self.data_share()
         self._task_size_check(count)
         learner = Learner(self._task, model, sync, train, total_steps, share=(index, count))
+        # a tensor group's ranks train on the same samples: the first counts them
+        learner.counted = self.roles.coordinates(self.ctx.rank).get("tensor", 0) == 0
         self.learner = learner
         return learner
 
