@@ -12,18 +12,11 @@ warm-up) of each, the ratio of the medians, and the last split of the dynamic ru
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
-BIN = Path(sys.executable).parent
+from _ab import alternate, summary, train_cli
 
 
 def run(work: Path, args: argparse.Namespace, balance: str, round_: int) -> dict[str, Any]:
@@ -56,14 +49,9 @@ def run(work: Path, args: argparse.Namespace, balance: str, round_: int) -> dict
         },
         "checkpoint": {"every_epochs": 0, "at_end": False},
         "faults": {"inject": {"rank": 1, "step": 0, "kind": "slow", "factor": args.factor}},
-        "run": {"dir": str(work / "runs"), "name": name},
         "monitor": {"log_every_steps": args.skip, "progress": "off"},
     }
-    path = work / f"{name}.toml"
-    path.write_text(tomli_w.dumps(config))
-    subprocess.run([str(BIN / "shoal"), "train", str(path)], check=True, capture_output=True)
-    lines = (work / "runs" / name / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = train_cli(work, name, config)
     timed = [r for r in records if r["event"] == "train" and r["step"] > args.skip]
     plans = [r["shares"] for r in records if r["event"] == "balance"]
     return {
@@ -84,27 +72,22 @@ def main() -> None:
     parser.add_argument("--features", type=int, default=256)
     parser.add_argument("--hidden", type=int, nargs="+", default=[1024, 1024])
     args = parser.parse_args()
-    figures: dict[str, list[float]] = {"static": [], "dynamic": []}
-    shares = None
     with tempfile.TemporaryDirectory() as tmp:
-        for round_ in range(args.rounds):
-            for balance in figures:
-                out = run(Path(tmp), args, balance, round_)
-                figures[balance].append(out["samples_per_s"])
-                shares = out["shares"] or shares
-                print(f"round {round_} {balance}: {out['samples_per_s']:.0f} samples/s", flush=True)
-    medians = {k: statistics.median(v) for k, v in figures.items()}
+        figures, outs = alternate(
+            args.rounds,
+            ["static", "dynamic"],
+            lambda balance, round_: run(Path(tmp), args, balance, round_),
+            "samples_per_s",
+            "samples/s",
+        )
+    shares = [o["shares"] for o in outs if o["shares"]]
     print(
-        json.dumps(
-            {
-                "machine": platform.processor() or platform.machine(),
-                "factor": args.factor,
-                "samples_per_s": figures,
-                "median": medians,
-                "dynamic_over_static": medians["dynamic"] / medians["static"],
-                "last_dynamic_shares": shares,
-            },
-            indent=1,
+        summary(
+            "samples_per_s",
+            figures,
+            ("dynamic", "static"),
+            factor=args.factor,
+            last_dynamic_shares=shares[-1] if shares else None,
         )
     )
 

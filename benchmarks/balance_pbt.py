@@ -14,17 +14,11 @@ last placement.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-import tomli_w
-
-BIN = Path(sys.executable).parent
+from _ab import alternate, summary, train_cli
 
 
 def run(work: Path, args: argparse.Namespace, balance: str, round_: int) -> dict[str, Any]:
@@ -53,14 +47,9 @@ def run(work: Path, args: argparse.Namespace, balance: str, round_: int) -> dict
         },
         "checkpoint": {"at_end": False},
         "faults": {"inject": {"rank": 1, "step": 0, "kind": "slow", "factor": args.factor}},
-        "run": {"dir": str(work / "runs"), "name": name},
         "monitor": {"progress": "off"},
     }
-    path = work / f"{name}.toml"
-    path.write_text(tomli_w.dumps(config))
-    subprocess.run([str(BIN / "shoal"), "train", str(path)], check=True, capture_output=True)
-    lines = (work / "runs" / name / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = train_cli(work, name, config)
     seconds = [r["generation_s"] for r in records if r["event"] == "generation"][1:]
     placed = [r["members_by_rank"] for r in records if r["event"] == "schedule"]
     return {
@@ -79,26 +68,24 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=256)
     parser.add_argument("--hidden", type=int, nargs="+", default=[512, 512])
     args = parser.parse_args()
-    figures: dict[str, list[float]] = {"static": [], "dynamic": []}
-    placed = None
     with tempfile.TemporaryDirectory() as tmp:
-        for round_ in range(args.rounds):
-            for balance in figures:
-                out = run(Path(tmp), args, balance, round_)
-                figures[balance].append(out["per_minute"])
-                placed = out["placed"] or placed
-                print(
-                    f"round {round_} {balance}: {out['per_minute']:.1f} generations/min", flush=True
-                )
-    medians = {k: statistics.median(v) for k, v in figures.items()}
-    summary = {
-        "factor": args.factor,
-        "generations_per_minute": figures,
-        "median": medians,
-        "dynamic_over_static": medians["dynamic"] / medians["static"],
-        "last_dynamic_placement": placed,
-    }
-    print(json.dumps(summary, indent=1))
+        figures, outs = alternate(
+            args.rounds,
+            ["static", "dynamic"],
+            lambda balance, round_: run(Path(tmp), args, balance, round_),
+            "per_minute",
+            "generations/min",
+        )
+    placed = [o["placed"] for o in outs if o["placed"]]
+    print(
+        summary(
+            "generations_per_minute",
+            figures,
+            ("dynamic", "static"),
+            factor=args.factor,
+            last_dynamic_placement=placed[-1] if placed else None,
+        )
+    )
 
 
 if __name__ == "__main__":

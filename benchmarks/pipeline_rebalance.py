@@ -16,12 +16,11 @@ the medians, and the re-balanced run's partition records.
 from __future__ import annotations
 
 import argparse
-import json
-import platform
-import statistics
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from _ab import alternate, records, summary
 
 import shoal
 
@@ -66,13 +65,12 @@ def run(work: Path, args: argparse.Namespace, rebalance: str, round_: int) -> di
         "monitor": {"log_every_steps": args.every, "progress": "off"},
     }
     shoal.train(config)
-    lines = (work / "runs" / name / "metrics.jsonl").read_text().splitlines()
-    records = [json.loads(line) for line in lines]
-    timed = [r for r in records if r["event"] == "train" and r["step"] > args.skip]
+    found = records(work / "runs" / name)
+    timed = [r for r in found if r["event"] == "train" and r["step"] > args.skip]
     tokens = sum(r["samples"] for r in timed) * args.context
     partitions = [
         {k: r[k] for k in ("step", "moved", "partition", "best", "rank_speeds", "gain")}
-        for r in records
+        for r in found
         if r["event"] == "partition"
     ]
     return {"tokens_per_s": tokens / sum(r["step_s"] for r in timed), "partitions": partitions}
@@ -91,27 +89,22 @@ def main() -> None:
     parser.add_argument("--batch-size", type=int, default=32)
     parser.add_argument("--microbatches", type=int, default=4)
     args = parser.parse_args()
-    figures: dict[str, list[float]] = {"off": [], "checkpoint": []}
-    partitions: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory() as tmp:
-        for round_ in range(args.rounds):
-            for rebalance in figures:
-                out = run(Path(tmp), args, rebalance, round_)
-                figures[rebalance].append(out["tokens_per_s"])
-                partitions = out["partitions"] or partitions
-                print(f"round {round_} rebalance={rebalance}: {out['tokens_per_s']:.0f} tokens/s")
-    medians = {k: statistics.median(v) for k, v in figures.items()}
+        figures, outs = alternate(
+            args.rounds,
+            ["off", "checkpoint"],
+            lambda rebalance, round_: run(Path(tmp), args, rebalance, round_),
+            "tokens_per_s",
+            "tokens/s",
+        )
+    partitions = [o["partitions"] for o in outs if o["partitions"]]
     print(
-        json.dumps(
-            {
-                "machine": platform.processor() or platform.machine(),
-                "factor": args.factor,
-                "tokens_per_s": figures,
-                "median": medians,
-                "rebalanced_over_static": medians["checkpoint"] / medians["off"],
-                "partition_records": partitions,
-            },
-            indent=1,
+        summary(
+            "tokens_per_s",
+            figures,
+            ("checkpoint", "off"),
+            factor=args.factor,
+            partition_records=partitions[-1] if partitions else [],
         )
     )
 

@@ -236,57 +236,80 @@ def _has_metric(runs: list[RunData], name: str) -> bool:
     )
 
 
-def throughput_panel(runs: list[RunData]) -> Panel | None:
-    series = []
-    for i, run in enumerate(runs):
-        xs, ys = column(run.records(*TRAIN_EVENTS), "step", "samples_per_s")
-        series.append(Series(label(runs, run, "samples/s"), xs, ys, "-", color(i)))
-    if not any(s.xs for s in series):
+@dataclass(frozen=True)
+class Curve:
+    """One field drawn per run: from the records of `events`, labelled `what`."""
+
+    events: tuple[str, ...]
+    field: str
+    what: str
+    style: str = "-"
+
+
+def curve_series(runs: list[RunData], curves: list[Curve], x: str = "step") -> list[Series]:
+    """Each curve once per run, in the run's colour, against record field `x`; the curves
+    that no record has are left out."""
+    series = [
+        Series(
+            label(runs, run, c.what), *column(run.records(*c.events), x, c.field), c.style, color(i)
+        )
+        for i, run in enumerate(runs)
+        for c in curves
+    ]
+    return [s for s in series if s.xs]
+
+
+def line_panel(
+    runs: list[RunData],
+    panel: tuple[str, str, str],
+    y_label: str,
+    curves: list[Curve],
+    log_y: bool = False,
+) -> Panel | None:
+    """One wide chart of `curves` by step; None when no record has any of their fields.
+    `panel`: the key, title and note of the Panel."""
+    series = curve_series(runs, curves)
+    if not series:
         return None
+    key, title, note = panel
     return Panel(
-        "throughput",
-        "Throughput",
-        charts(lines(series, "step", "samples/s", wide=True), wide=True),
-        "training samples per second of step time",
+        key, title, charts(lines(series, "step", y_label, log_y, wide=True), wide=True), note
+    )
+
+
+def throughput_panel(runs: list[RunData]) -> Panel | None:
+    return line_panel(
+        runs,
+        ("throughput", "Throughput", "training samples per second of step time"),
+        "samples/s",
+        [Curve(TRAIN_EVENTS, "samples_per_s", "samples/s")],
     )
 
 
 def bytes_panel(runs: list[RunData]) -> Panel | None:
-    series = []
-    for i, run in enumerate(runs):
-        train = run.records("train", "generation")
-        xs, ys = column(train, "step", "sent_bytes_per_step")
-        series.append(
-            Series(label(runs, run, "bytes sent per step, per rank"), xs, ys, "-", color(i))
-        )
-        rounds = run.records("round")
-        for field_, what, style in (
-            ("client_bytes_up", "client bytes up per round", "-"),
-            ("client_bytes_down", "client bytes down per round", "--"),
-        ):
-            xs, ys = column(rounds, "step", field_)
-            series.append(Series(label(runs, run, what), xs, ys, style, color(i)))
-    series = [s for s in series if s.xs]
-    if not series:
-        return None
-    return Panel(
+    return line_panel(
+        runs,
+        (
+            "bytes",
+            "Bytes sent",
+            "what went on the wire per step (the mean over ranks) or per round",
+        ),
         "bytes",
-        "Bytes sent",
-        charts(lines(series, "step", "bytes", wide=True), wide=True),
-        "what went on the wire per step (the mean over ranks) or per round",
+        [
+            Curve(("train", "generation"), "sent_bytes_per_step", "bytes sent per step, per rank"),
+            Curve(("round",), "client_bytes_up", "client bytes up per round"),
+            Curve(("round",), "client_bytes_down", "client bytes down per round", "--"),
+        ],
     )
 
 
 def grad_norm_panel(runs: list[RunData]) -> Panel | None:
-    series = []
-    for i, run in enumerate(runs):
-        xs, ys = column(run.records("train"), "step", "grad_norm")
-        series.append(Series(label(runs, run, "gradient norm"), xs, ys, "-", color(i)))
-    if not any(s.xs for s in series):
-        return None
-    body = charts(lines(series, "step", "global gradient norm", True, wide=True), wide=True)
-    return Panel(
-        "grad_norm", "Gradient norm", body, "the global norm before clipping, at each logged step"
+    return line_panel(
+        runs,
+        ("grad_norm", "Gradient norm", "the global norm before clipping, at each logged step"),
+        "global gradient norm",
+        [Curve(("train",), "grad_norm", "gradient norm")],
+        log_y=True,
     )
 
 

@@ -25,7 +25,7 @@ import html
 from typing import Any
 
 from shoal.report.figures import Series, bars, lines, stacked_bars
-from shoal.report.panels import Panel, charts, color, column, label, table
+from shoal.report.panels import Curve, Panel, charts, color, column, curve_series, label, table
 from shoal.report.panels import per_rank_means as means
 from shoal.report.runs import RunData
 
@@ -43,7 +43,7 @@ def parameter_server_panel(runs: list[RunData]) -> Panel | None:
     runs = [r for r in runs if any("ps_pulls" in t for t in r.records("train"))]
     if not runs:
         return None
-    rates, servers = [], []
+    rates = []
     for i, run in enumerate(runs):
         train = run.records("train")
         for name, style in (("pulls", "-"), ("pushes", "--")):
@@ -58,9 +58,13 @@ def parameter_server_panel(runs: list[RunData]) -> Panel | None:
                     xs.append(float(record["step"]))
                     ys.append(count / seconds)
             rates.append(Series(label(runs, run, f"{name}/s"), xs, ys, style, color(i)))
-        for name, style in (("apply", "-"), ("held", "--")):
-            xs, ys = column(train, "step", f"ps_server_{name}_s")
-            servers.append(Series(label(runs, run, f"server {name} time"), xs, ys, style, color(i)))
+    servers = curve_series(
+        runs,
+        [
+            Curve(("train",), f"ps_server_{name}_s", f"server {name} time", style)
+            for name, style in (("apply", "-"), ("held", "--"))
+        ],
+    )
     svgs = [
         lines(rates, "step", "per second (all workers)"),
         lines(servers, "step", "seconds so far (all servers)"),
@@ -100,18 +104,25 @@ def federated_panel(runs: list[RunData]) -> Panel | None:
     runs = [r for r in runs if r.records("round")]
     if not runs:
         return None
-    clients, norms, metrics = [], [], []
+    rounds = ("round",)
+    clients = curve_series(
+        runs,
+        [
+            Curve(rounds, "participants", "participants", "o-"),
+            Curve(rounds, "dropped", "dropped", "--"),
+        ],
+        x="round",
+    )
+    norms = curve_series(
+        runs,
+        [
+            Curve(rounds, "update_norm", "global update", "o-"),
+            Curve(rounds, "client_update_norm_mean", "client update (mean)", "--"),
+        ],
+        x="round",
+    )
+    metrics = []
     for i, run in enumerate(runs):
-        rounds = run.records("round")
-        for name, style in (("participants", "o-"), ("dropped", "--")):
-            xs, ys = column(rounds, "round", name)
-            clients.append(Series(label(runs, run, name), xs, ys, style, color(i)))
-        for name, what, style in (
-            ("update_norm", "global update", "o-"),
-            ("client_update_norm_mean", "client update (mean)", "--"),
-        ):
-            xs, ys = column(rounds, "round", name)
-            norms.append(Series(label(runs, run, what), xs, ys, style, color(i)))
         for record_name in _eval_metrics(run):
             split, name = record_name
             evals = [r for r in run.records("eval") if r.get("split") == split]
@@ -119,7 +130,7 @@ def federated_panel(runs: list[RunData]) -> Panel | None:
             metrics.append(Series(label(runs, run, f"{split} {name}"), xs, ys, "o-", color(i)))
     body = charts(
         lines(clients, "round", "clients"),
-        lines([s for s in norms if s.xs], "round", "update norm"),
+        lines(norms, "round", "update norm"),
         lines([s for s in metrics if s.xs], "round", "validation")
         if any(s.xs for s in metrics)
         else "",
