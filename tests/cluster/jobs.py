@@ -59,10 +59,10 @@ class ClusterRun:
             self.cluster.popen(host, cmd, env=env, cwd=self.folder, output=output)
         )
 
-    def start_again(self, host: Host, label: str) -> int:
-        """Start `host`'s process again, as it was first started (a host that came back);
-        returns its index in `processes`."""
-        cmd, env = self.started[host.name]
+    def start_again(self, host: Host, label: str, like: Host | None = None) -> int:
+        """Start `host`'s process again, as it (or `like`) was first started: a host that
+        came back, or joins. Returns its index in `processes`."""
+        cmd, env = self.started[(like or host).name]
         self.start(host, cmd, env, label)
         return len(self.processes) - 1
 
