@@ -5,6 +5,7 @@
     .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --aggregation ring
     .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --job ps
     .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --job fed
+    .venv/bin/python benchmarks/ab_sources.py /tmp/main-src/src src --job kge-ps --steps 120
 
 Runs `shoal train` with PYTHONPATH set to each source tree in turn (the workers
 inherit it), alternating within each round, and prints each round's figure and
@@ -15,7 +16,10 @@ the parameter server's demo (`make demo`'s config, 4 workers and 2 servers), the
 command's wall time in seconds (lower is better) and results.json's samples/s.
 `--job fed`: examples/federated.toml (2 workers, 20 clients, secure aggregation),
 the samples the clients trained on per second of round time, the first round left
-out (it pays the workers' warm-up), and the command's wall time.
+out (it pays the workers' warm-up), and the command's wall time. `--job kge-ps`: the
+parameter server on FB15k-237 at kge_vs_pbg.py's settings (TransE L2, dim 200, 128
+negatives per positive in chunks of 64, 2 workers with 2 co-located servers, async,
+row Adagrad), steady-state triples/s of the workers' step time after `--skip` steps.
 """
 
 from __future__ import annotations
@@ -29,10 +33,12 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+FB15K = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "fb15k-237"
 DEMO = EXAMPLES / "kge-kinships-ps.toml"
 FEDERATED = EXAMPLES / "federated.toml"
 
@@ -57,8 +63,9 @@ def run_fed(work: Path, source: Path, name: str) -> tuple[float, float]:
     return wall, sum(r["samples"] for r in rounds) / sum(r["round_s"] for r in rounds)
 
 
-def run(work: Path, source: Path, name: str, steps: int, skip: int, aggregation: str) -> float:
-    config = {
+def dp_job(aggregation: str) -> dict[str, Any]:
+    """dp_vs_ddp's MLP under data_parallel with `aggregation`."""
+    return {
         "task": {
             "type": "classification",
             "data": {"samples": 24000, "features": 1024, "informative": 16, "classes": 10},
@@ -69,12 +76,39 @@ def run(work: Path, source: Path, name: str, steps: int, skip: int, aggregation:
             "num_replicas": 2,
             "aggregation": {"method": aggregation},
         },
-        "train": {
-            "max_steps": steps,
-            "batch_size": 256,
-            "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.9},
-            "eval_every_epochs": 0,
+        "train": {"batch_size": 256, "optimizer": {"kind": "sgd", "lr": 0.01, "momentum": 0.9}},
+    }
+
+
+def kge_ps_job() -> dict[str, Any]:
+    """kge_vs_pbg.py's shoal side: the parameter server on FB15k-237."""
+    return {
+        "task": {
+            "type": "kge",
+            "dim": 200,
+            "data": {split: str(FB15K / f"{split}.txt.gz") for split in ("train", "valid", "test")},
+            "model": {"type": "transe", "p": 2, "normalize_entities": False},
+            "negatives": {"num_negatives": 128, "chunk_size": 64, "side": "uniform"},
+            "loss": {"kind": "margin_ranking", "margin": 1.0},
+            "evaluation": {"max_triples": 100},  # the end's evaluation: not measured
         },
+        "strategy": {
+            "type": "parameter_server",
+            "num_workers": 2,
+            "num_servers": 2,
+            "placement": "colocated",
+            "mode": "async",
+            "optimizer": {"kind": "adagrad", "lr": 0.1},
+        },
+        "train": {"batch_size": 2048, "seed": 0},
+    }
+
+
+def run(work: Path, source: Path, name: str, steps: int, skip: int, job: dict[str, Any]) -> float:
+    """Steady-state samples/s of `job` trained `steps` steps from `source`."""
+    config = {
+        **job,
+        "train": {**job["train"], "max_steps": steps, "eval_every_epochs": 0},
         "checkpoint": {"every_epochs": 0, "at_end": False},
         "run": {"dir": str(work / "runs"), "name": name},
         "monitor": {"log_every_steps": skip, "progress": "off"},
@@ -96,7 +130,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=4)
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--skip", type=int, default=10)
-    parser.add_argument("--job", choices=("dp", "ps", "fed"), default="dp")
+    parser.add_argument("--job", choices=("dp", "ps", "fed", "kge-ps"), default="dp")
     parser.add_argument("--aggregation", default="native", help="dp: the aggregation method")
     args = parser.parse_args()
     rates: dict[str, list[float]] = {"a": [], "b": []}
@@ -110,7 +144,8 @@ def main() -> None:
                     wall, rate = (run_ps if args.job == "ps" else run_fed)(work, source, name)
                     walls[label].append(wall)
                 else:
-                    rate = run(work, source, name, args.steps, args.skip, args.aggregation)
+                    job = kge_ps_job() if args.job == "kge-ps" else dp_job(args.aggregation)
+                    rate = run(work, source, name, args.steps, args.skip, job)
                 rates[label].append(rate)
             line = f"round {round_ + 1} (samples/s): a {rates['a'][-1]:.1f}  b {rates['b'][-1]:.1f}"
             if args.job in ("ps", "fed"):

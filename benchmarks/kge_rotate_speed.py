@@ -10,8 +10,10 @@ ratio TransE / RotatE. `--reference` scores RotatE with the cdist path it had be
 `rotate_distances` (the before figure).
 
 `micro`: forward + backward of one chunked negative scoring, RotatE's reference
-(`RotatE.match` through cdist) against `rotate_distances` for a few tile sizes, with
-the largest difference of scores and gradients.
+(`RotatE.match` through cdist) against `rotate_distances`' tiles for a few tile sizes
+and its compiled kernels, with the largest difference of scores and gradients.
+
+`--no-compile` (train): RotatE through the tiles, as before the compiled kernels.
 """
 
 from __future__ import annotations
@@ -72,6 +74,7 @@ def steady_rate(run_dir: Path, warmup: int) -> float:
 def train(args: argparse.Namespace) -> None:
     if args.reference:
         models.RotatE.match = reference_match  # type: ignore[method-assign]
+    rotate_distance.COMPILE = not args.no_compile
     rates = {}
     with tempfile.TemporaryDirectory() as runs:
         for name, model in [
@@ -114,11 +117,18 @@ def micro(args: argparse.Namespace) -> None:
 
     base, s0, gq0, gc0 = timed(lambda q, c: reference_match(None, q, c))  # type: ignore[arg-type]
     print(f"reference (cdist): {base * 1000:.1f} ms")
-    for tile in args.tiles:
-        rotate_distance.TILE_ELEMENTS = tile
+    for tile in [*args.tiles, "compiled"]:
+        rotate_distance.COMPILE = tile == "compiled"
+        if isinstance(tile, int):
+            rotate_distance.TILE_ELEMENTS = tile
+        else:  # the first call compiles (or loads Inductor's cached kernels)
+            start = time.perf_counter()
+            rotate_distance.rotate_distances(q0.requires_grad_(), c0).sum().backward()
+            print(f"compiled: first call {time.perf_counter() - start:.1f} s")
+            q0.requires_grad_(False)
         spent, s1, gq1, gc1 = timed(rotate_distance.rotate_distances)
         error = max((a - b).abs().max().item() for a, b in [(s0, s1), (gq0, gq1), (gc0, gc1)])
-        print(f"tile {tile}: {spent * 1000:.1f} ms ({base / spent:.1f}x), max |diff| {error:.2e}")
+        print(f"{tile}: {spent * 1000:.1f} ms ({base / spent:.1f}x), max |diff| {error:.2e}")
 
 
 def main() -> None:
@@ -133,6 +143,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--tiles", type=int, nargs="+", default=[1 << 14, 1 << 16, 1 << 18])
     parser.add_argument("--reference", action="store_true")
+    parser.add_argument("--no-compile", action="store_true", help="RotatE through the tiles")
     args = parser.parse_args()
     (train if args.mode == "train" else micro)(args)
 

@@ -14,6 +14,10 @@ import pytest
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
+# RotatE's compiled kernels cost seconds of compilation in every process that scores with them
+# (workers included, which inherit this): the suite scores through the tiles, and the kernels'
+# own test (tests/tasks/kge/test_models.py) switches them on
+os.environ.setdefault("SHOAL_KGE_COMPILE", "0")
 
 
 def small_job(run_dir: Path, **sections: Any) -> dict[str, Any]:

@@ -172,21 +172,29 @@ def test_init_options_replace_the_paper_initialisation() -> None:
 
 
 @pytest.mark.parametrize(
-    ("q_shape", "c_shape", "tile"),
+    ("q_shape", "c_shape", "tile", "compiled"),
     [
-        ((3, 70, 40), (3, 50, 40), 1 << 10),  # chunks of shared negatives, many ragged tiles
-        ((3, 70, 40), (3, 50, 40), 1 << 20),  # one tile
-        ((9, 40), (33, 40), 1 << 9),  # queries against every entity (1vsAll)
-        ((2, 1, 5, 8), (4, 6, 8), 1 << 6),  # broadcast leading dimensions
+        ((3, 70, 40), (3, 50, 40), 1 << 10, False),  # chunks of shared negatives, ragged tiles
+        ((3, 70, 40), (3, 50, 40), 1 << 20, False),  # one tile
+        ((9, 40), (33, 40), 1 << 9, False),  # queries against every entity (1vsAll)
+        ((2, 1, 5, 8), (4, 6, 8), 1 << 6, False),  # broadcast leading dimensions
+        ((3, 70, 40), (3, 50, 40), 0, True),  # the compiled kernels (one compilation, ~8 s)
     ],
 )
 def test_rotate_fast_distances_equal_the_reference(
-    q_shape: tuple[int, ...], c_shape: tuple[int, ...], tile: int, monkeypatch: pytest.MonkeyPatch
+    q_shape: tuple[int, ...],
+    c_shape: tuple[int, ...],
+    tile: int,
+    compiled: bool,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """RotatE.match (tiles, own backward) against autograd through the plain broadcast
-    -sum_i |q_i - c_i| (match_rows on every pair): the same scores and the same gradients for both inputs, including
-    a candidate equal to a query (distance 0: gradient 0, not NaN)."""
-    monkeypatch.setattr(rotate_distance, "TILE_ELEMENTS", tile)
+    """RotatE.match (compiled kernels, or tiles; own backward) against autograd through the
+    plain broadcast -sum_i |q_i - c_i| (match_rows on every pair): the same scores and the
+    same gradients for both inputs, including a candidate equal to a query (distance 0:
+    gradient 0, not NaN)."""
+    monkeypatch.setattr(rotate_distance, "TILE_ELEMENTS", tile or rotate_distance.TILE_ELEMENTS)
+    monkeypatch.setattr(rotate_distance, "COMPILE", compiled)
+    monkeypatch.setattr(rotate_distance, "_shapes", set())
     model = _model("rotate", dim=q_shape[-1])
     g = torch.Generator().manual_seed(3)
     queries = torch.randn(q_shape, generator=g, dtype=torch.float64)
@@ -204,3 +212,6 @@ def test_rotate_fast_distances_equal_the_reference(
     torch.testing.assert_close(fast_q.grad, ref_q.grad)
     torch.testing.assert_close(fast_c.grad, ref_c.grad)
     assert fast_q.grad is not None and torch.isfinite(fast_q.grad).all()
+    if compiled and not rotate_distance.COMPILE:
+        pytest.skip("torch.compile is not available here: the tiles were used")
+    assert bool(rotate_distance._shapes) == compiled  # the path named was the path taken

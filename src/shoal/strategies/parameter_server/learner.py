@@ -56,10 +56,15 @@ class ServedRows:
                 _, rows = self.client.pull(empty, unique, self.clock, fresh=True).wait()
             return rows[inverse]
         pulled_ids, leaf = self.batch[table]
+        if ids.shape == pulled_ids.shape and torch.equal(ids, pulled_ids):
+            # the usual case: the model reads the batch's unique ids, which is what was
+            # pulled; the leaf itself, so backward writes its .grad without a gather's
+            # backward (a zero fill and a sorted index_put per table and step)
+            return leaf
         at = torch.searchsorted(pulled_ids, ids.contiguous())
         if len(ids) and (at.max() >= len(pulled_ids) or not torch.equal(pulled_ids[at], ids)):
             raise RuntimeError(f"the model read {table} rows the batch did not pull")
-        return leaf[at]
+        return leaf.index_select(0, at)  # backward: index_add_, no sort
 
     def entity_blocks(self) -> Iterator[torch.Tensor]:
         block = max(1, self.block_rows)

@@ -3,32 +3,52 @@
 Every (query, candidate) pair needs its own |q_i - c_i| for each of the k complex
 dimensions: there is no matrix-product shortcut as for TransE-L2 (the modulus is
 taken per dimension, before the sum). What can be avoided is the cost around that
-(n, m, k) work. Autograd over broadcast differences keeps five full-size
-intermediates alive for the backward pass and reads each from main memory several
-times; `torch.cdist` per complex dimension (the reference `RotatE.match`) runs k x
-batch tiny (n x 2) by (m x 2) problems, and its backward was most of a training step.
+(n, m, k) work: every elementwise torch op reads and writes its (n, m, k) operands
+once, and the scoring needs about twenty of them (forward 6, backward 14).
 
-`rotate_distances` is one autograd function with its own backward: it walks
-tiles of (queries x candidates) small enough that the tile's three (n', m', k)
-buffers stay in cache, and keeps nothing of size (n, m, k) between forward and
-backward (the backward recomputes a tile's differences, which is cheaper than
-reading them back from memory). Gradients: with d_i = |q_i - c_i| and g the
-incoming gradient of a score, dscore/dq_i = -(q_i - c_i) / d_i (a unit vector in
-the plane, real and imaginary parts), summed over candidates for q and over
-queries (with the sign flipped) for c.
+`rotate_distances` is one autograd function with its own backward, which keeps
+nothing of size (n, m, k) between forward and backward. Gradients: with
+d_i = |q_i - c_i| and g the incoming gradient of a score, dscore/dq_i =
+-(q_i - c_i) / d_i (a unit vector in the plane, real and imaginary parts), summed
+over candidates for q and over queries (with the sign flipped) for c; so the
+gradient of c is the gradient of q with the roles of queries and candidates
+swapped (d is symmetric), and one kernel serves both.
+
+Two implementations of the same arithmetic:
+- compiled (the default where torch.compile works): the forward and that gradient
+  kernel are each one loop nest that torch.compile (Inductor, C++ with SIMD) fuses:
+  the differences, moduli and products live in registers, never in memory, and the
+  gradient's sum runs over the innermost, contiguous axis (candidates transposed to
+  (2k, m)). Compiled for static shapes (with dynamic ones Inductor's loops ran 20x
+  slower here), for the first MAX_SHAPES shapes a process sees; Inductor caches the
+  kernels on disk for later processes.
+- tiles (where compilation is unavailable or fails: no C++ compiler, another device):
+  tiles of (queries x candidates) whose three (n', m', k) buffers stay in cache,
+  written in place, and a backward that recomputes a tile's differences.
+Measured (benchmarks/kge_rotate_speed.py micro and train): RESULTS.md, "RotatE's
+training speed".
 """
 
 from __future__ import annotations
 
+import logging
+import os
+from collections.abc import Callable
 from typing import Any
 
 import torch
+
+log = logging.getLogger(__name__)
 
 _TINY = 1e-30  # a distance of 0 has no direction: its gradient is taken as 0
 #: elements of one (queries x candidates x k) tile: three such float buffers (12 MiB) stay in
 #: the last-level cache. Measured (benchmarks/kge_rotate_speed.py micro, 2 chunks of 256 x 256
 #: at dim 400): 2^14 0.6x, 2^16 1.9x, 2^18 3.8x, 2^20 5.7x, 2^22 3.1x the cdist path's speed
 TILE_ELEMENTS = 1 << 20
+#: whether `rotate_distances` may use the compiled kernels: SHOAL_KGE_COMPILE=0 turns them
+#: off (the test suite does, but for their own test: a compilation costs seconds a process);
+#: set to False after the first failure to compile, with one warning
+COMPILE = os.environ.get("SHOAL_KGE_COMPILE", "1") != "0"
 
 
 def rotate_distances(queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -41,8 +61,90 @@ def rotate_distances(queries: torch.Tensor, candidates: torch.Tensor) -> torch.T
     leading = torch.broadcast_shapes(queries.shape[:-2], candidates.shape[:-2])
     q = queries.expand(*leading, n, width).reshape(-1, n, width)
     c = candidates.expand(*leading, m, width).reshape(-1, m, width)
-    scores: torch.Tensor = _RotatEDistances.apply(q, c)
+    function = _CompiledDistances if _kernels(q, c) is not None else _TileDistances
+    scores: torch.Tensor = function.apply(q, c)
     return scores.reshape(*leading, n, m)
+
+
+# ---- compiled ----------------------------------------------------------------------------
+
+
+def _negated_sums(q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+    """(b, n, 2k) x (b, m, 2k) -> (b, n, m): -sum_i |q_i - c_i| (fused by torch.compile)."""
+    k = q.shape[-1] // 2
+    re = q[:, :, None, :k] - c[:, None, :, :k]
+    im = q[:, :, None, k:] - c[:, None, :, k:]
+    return -(re * re + im * im).sqrt().sum(-1)
+
+
+def _pulls(x: torch.Tensor, y_t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """sum_m g[n, m] (x_n - y_m) / |x_n - y_m| per complex dimension, (b, n, 2k), from x
+    (b, n, 2k), y transposed (b, 2k, m) and g (b, n, m): the sum runs over the last axis."""
+    k = x.shape[-1] // 2
+    re = x[:, :, :k, None] - y_t[:, None, :k, :]
+    im = x[:, :, k:, None] - y_t[:, None, k:, :]
+    weight = g[:, :, None, :] * (re * re + im * im).clamp_min(_TINY * _TINY).rsqrt()
+    return torch.cat([(re * weight).sum(-1), (im * weight).sum(-1)], dim=-1)
+
+
+_compiled: dict[str, Callable[..., torch.Tensor]] = {}
+#: (queries' shape, candidates' shape, dtype) compiled in this process: each new one costs a
+#: compilation (seconds; Inductor's disk cache shortens it in later processes), so only the
+#: first MAX_SHAPES are compiled and any other goes through the tiles. A training run sees
+#: one or two (the last batch of an epoch may be smaller).
+_shapes: set[tuple[Any, ...]] = set()
+MAX_SHAPES = 4
+
+
+def _kernels(q: torch.Tensor, c: torch.Tensor) -> dict[str, Callable[..., torch.Tensor]] | None:
+    """The compiled kernels, or None where they are not to be used (see the module doc)."""
+    if not COMPILE or q.device.type != "cpu" or not q.dtype.is_floating_point:
+        return None
+    key = (tuple(q.shape), tuple(c.shape), q.dtype)
+    if key not in _shapes:
+        if len(_shapes) >= MAX_SHAPES:
+            return None
+        _shapes.add(key)
+    if not _compiled:  # static shapes: Inductor vectorizes them far better than dynamic ones
+        _compiled["forward"] = torch.compile(_negated_sums, dynamic=False)
+        _compiled["pulls"] = torch.compile(_pulls, dynamic=False)
+    return _compiled
+
+
+def _compiled_call(name: str, *args: torch.Tensor) -> torch.Tensor | None:
+    """Run a compiled kernel; None (and the tiles from now on) if it cannot be compiled."""
+    global COMPILE
+    try:
+        return _compiled[name](*args)
+    except Exception as exc:  # a missing or failing C++ compiler surfaces as many types
+        COMPILE = False
+        log.warning("RotatE: compiled scoring unavailable (%s); using tiles", exc)
+        return None
+
+
+class _CompiledDistances(torch.autograd.Function):
+    """The compiled kernels, falling back to the tiles if compilation fails."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(q, c)
+        scores = _compiled_call("forward", q.contiguous(), c.contiguous())
+        return _TileDistances.forward(ctx, q, c) if scores is None else scores
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        q, c = ctx.saved_tensors
+        grad = grad.contiguous()
+        pull_q = _compiled_call("pulls", q, c.transpose(1, 2).contiguous(), grad)
+        if pull_q is not None:
+            grad_t = grad.transpose(1, 2).contiguous()
+            pull_c = _compiled_call("pulls", c, q.transpose(1, 2).contiguous(), grad_t)
+            if pull_c is not None:
+                return pull_q.neg_(), pull_c.neg_()
+        return _TileDistances.backward(ctx, grad)
+
+
+# ---- tiles -------------------------------------------------------------------------------
 
 
 def _tiles(b: int, n: int, m: int, k: int) -> tuple[int, int]:
@@ -57,7 +159,7 @@ def _spans(size: int, tile: int) -> list[tuple[int, int]]:
     return [(start, min(start + tile, size)) for start in range(0, size, tile)]
 
 
-class _RotatEDistances(torch.autograd.Function):
+class _TileDistances(torch.autograd.Function):
     """(b, n, 2k) queries x (b, m, 2k) candidates -> (b, n, m) negated distance sums."""
 
     @staticmethod
