@@ -47,14 +47,24 @@ class ClusterRun:
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     outputs: list[Path] = field(default_factory=list)
     codes: list[int] = field(default_factory=list)
+    #: what each host was started with (host name -> command, environment): `start_again`
+    started: dict[str, tuple[list[str], dict[str, str]]] = field(default_factory=dict)
 
     def start(self, host: Host, cmd: list[str], env: dict[str, str], label: str) -> None:
         """Start one of the job's processes on `host`, its output in `<folder>/<label>.out`."""
         output = self.folder / f"{label}.out"
+        self.started.setdefault(host.name, (cmd, env))
         self.outputs.append(output)
         self.processes.append(
             self.cluster.popen(host, cmd, env=env, cwd=self.folder, output=output)
         )
+
+    def start_again(self, host: Host, label: str, like: Host | None = None) -> int:
+        """Start `host`'s process again, as it (or `like`) was first started: a host that
+        came back, or joins. Returns its index in `processes`."""
+        cmd, env = self.started[(like or host).name]
+        self.start(host, cmd, env, label)
+        return len(self.processes) - 1
 
     def wait(self, timeout: float = JOB_TIMEOUT_S) -> ClusterRun:
         """Wait for every process (killed after `timeout`); their exit codes go to `codes`."""

@@ -66,6 +66,20 @@ def test_only_a_multi_task_step_is_joined_and_torchrun_wins() -> None:
     assert external_launch({**torchrun, "SHOAL_LAUNCHER": "1"}) is None  # shoal's own worker
 
 
+def test_under_torchrun_without_the_agent_s_store_rank_0_hosts_a_new_one_each_start() -> None:
+    torchrun = {"WORLD_SIZE": "4", "MASTER_ADDR": "h0", "MASTER_PORT": "29500",
+                "TORCHELASTIC_RESTART_COUNT": "2"}  # fmt: skip
+    shared = external_launch({**torchrun, "RANK": "0"})
+    assert shared is not None and shared.agent_store and not shared.hosts_store
+    assert shared.attempt == "torchrun-2"  # the agent's store outlives a start: keys apart
+    own = {**torchrun, "TORCHELASTIC_USE_AGENT_STORE": "False"}
+    first, other = external_launch({**own, "RANK": "0"}), external_launch({**own, "RANK": "3"})
+    assert first is not None and first.hosts_store and not first.agent_store
+    assert other is not None and not other.hosts_store
+    # a store new at each start: ranks whose agents counted restarts apart still meet
+    assert first.attempt == other.attempt == "torchrun" and first.restart == 2
+
+
 def test_bind_resolves_on_this_host_or_names_what_exists(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("GLOO_SOCKET_IFNAME", raising=False)
     assert "127.0.0.1" in interfaces()["lo"]

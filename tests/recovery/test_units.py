@@ -110,6 +110,41 @@ def test_a_torchrun_restart_with_fewer_workers_goes_on_only_down_to_min_workers(
     ]
 
 
+def test_a_run_is_found_again_by_its_torchrun_agents_or_a_counted_restart(tmp_path: Path) -> None:
+    from shoal.recovery.rejoin import agent_identity, mark_run, marked_run
+
+    mine = agent_identity()
+    assert mine and mine == agent_identity(os.getppid()) and mine != agent_identity(os.getpid())
+    assert agent_identity(2**22 + 1) == ""  # no such process
+    paths = create_run_dir(tmp_path, "job")
+    mark_run(paths, "none", {"h0-agent", "h1-agent"})
+    create_run_dir(tmp_path, "job")  # job-1: another run of the config, unmarked
+    assert marked_run(tmp_path, "job", "none", {"h0-agent", "h1-again"}) == paths  # a round
+    assert marked_run(tmp_path, "job", "none", {"other-agent"}) is None  # a new torchrun job
+    assert marked_run(tmp_path, "job", "none", {"other-agent"}, restarted=True) == paths
+    assert marked_run(tmp_path, "job", "other-id", {"h0-agent"}) is None
+    mark_run(paths, "none", {"h1-again", ""})  # the agents of earlier rounds are kept
+    mark = json.loads((paths.root / "torchrun.json").read_text())
+    assert mark == {"run_id": "none", "agents": ["h0-agent", "h1-again", "h1-agent"]}
+
+
+def test_a_job_that_shrinks_under_the_agent_s_shared_store_says_how_to_grow_back(
+    tmp_path: Path,
+) -> None:
+    from shoal.recovery.rejoin import check_membership
+
+    paths = create_run_dir(tmp_path, "run")
+    faults = FaultsConfig(min_workers=2)
+    line = check_membership(faults, 4, 2, 1, 21, paths, elastic=True, can_grow=False)
+    assert line is not None and line.endswith(
+        "; it cannot grow back while it runs: torch's shared agent store leaves a host that "
+        "returns waiting, export TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 for torchrun on every "
+        "host to allow it"
+    )
+    grown = check_membership(faults, 2, 4, 1, 28, paths, elastic=True, can_grow=False)
+    assert grown is not None and "TORCH_DISABLE" not in grown
+
+
 def test_a_snapshot_replica_travels_as_plain_bytes_and_refuses_a_path(tmp_path: Path) -> None:
     from shoal.recovery.replicas import pack, replica_peer, unpack_into
     from shoal.runtime.hosts import Hosts

@@ -45,7 +45,7 @@ from shoal.recovery.status import StatusBoard
 from shoal.run import RunPaths, create_run_dir
 from shoal.run.lock import RunLock
 from shoal.runtime.auth import Signer, new_secret
-from shoal.runtime.collectives import World, barrier, broadcast_bytes
+from shoal.runtime.collectives import World, barrier, broadcast_bytes, gather_bytes
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.hosts import Hosts
 from shoal.runtime.stop import stop_on_signals
@@ -53,10 +53,11 @@ from shoal.strategies.registry import strategy_class
 
 
 def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
-    """The job's store: torchrun's (every rank connects), or a Slurm step's (rank 0 hosts it).
+    """The job's store: torchrun's agent's (every rank connects), or one rank 0 hosts (a Slurm
+    step's, or torchrun's when its agents share none: recovery/rejoin.py).
 
-    Rank 0 of a Slurm step listens on the address MASTER_ADDR resolves to, which
-    must be one of its own: never on every interface of the machine.
+    Rank 0 listens on the address MASTER_ADDR resolves to, which must be one of
+    its own: never on every interface of the machine.
     """
     timeout = datetime.timedelta(seconds=config.faults.start_timeout_s)
     host, port = launch.master_addr, launch.master_port
@@ -69,10 +70,15 @@ def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
         listener.bind(address)
         listener.listen(128)
     except OSError as exc:
+        fix = (
+            "export MASTER_ADDR / MASTER_PORT before srun"
+            if launch.launcher == "slurm"
+            else "give torchrun --local-addr with an address of this host"
+        )
         raise ShoalError(
-            f"Slurm: rank 0 (host {socket.gethostname()}) cannot listen on MASTER_ADDR:MASTER_PORT "
-            f"{host}:{port} ({exc.strerror or exc}); MASTER_ADDR must name this host (the step's "
-            "first node) and the port must be free: export MASTER_ADDR / MASTER_PORT before srun"
+            f"{launch.launcher}: rank 0 (host {socket.gethostname()}) cannot listen on "
+            f"MASTER_ADDR:MASTER_PORT {host}:{port} ({exc.strerror or exc}); MASTER_ADDR must "
+            f"name this host (the first node) and the port must be free: {fix}"
         ) from None
     return dist.TCPStore(
         host,
@@ -107,11 +113,12 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         peers = World(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
         hosts = Hosts.gather(peers, binding.address)
         beats = admission.derived_signer("heartbeats") or _drawn_signer(peers)
-        claim: dict[str, str | None] = {}
+        agents = {blob.decode() for blob in gather_bytes(peers, launch.agent.encode())}
+        claim: dict[str, str | bool | None] = {}
         if rank == 0:
             try:
-                root, resume = _claim_run(plan, launch, held)
-                claim = {"root": str(root), "resume": resume}
+                root, resume, again = _claim_run(plan, launch, held, agents)
+                claim = {"root": str(root), "resume": resume, "again": again}
             except ShoalError as exc:
                 claim = {"error": str(exc)}
         announced = json.loads(broadcast_bytes(peers, json.dumps(claim).encode()).decode())
@@ -123,14 +130,16 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         barrier(peers)
         resume_from = announced["resume"]
-        if launch.restart and config.faults.snapshot_every_steps:  # newer than the checkpoint?
+        again = bool(announced["again"])  # torchrun started this job again (a restart or not)
+        if again and config.faults.snapshot_every_steps:  # newer than the checkpoint?
             floor = int(read_meta(Path(resume_from)).get("step", -1)) if resume_from else -1
             snapshot = newest_replica(peers, hosts, paths, floor)
             resume_from = str(snapshot) if snapshot is not None else resume_from
         changed: dict[str, str | None] = {}
         if rank == 0:  # the state resumed from is known everywhere now: its world size
             try:
-                changed = {"line": _membership(plan, launch, world_size, paths, resume_from)}
+                line = _membership(plan, launch, again, world_size, paths, resume_from)
+                changed = {"line": line}
             except ShoalError as exc:
                 changed = {"error": str(exc)}
         changed = json.loads(broadcast_bytes(peers, json.dumps(changed).encode()).decode())
@@ -228,32 +237,52 @@ def _drawn_signer(peers: World) -> Signer:
 
 
 def _membership(
-    plan: JobPlan, launch: ExternalLaunch, world_size: int, paths: RunPaths, resume: str | None
+    plan: JobPlan,
+    launch: ExternalLaunch,
+    again: bool,
+    world_size: int,
+    paths: RunPaths,
+    resume: str | None,
 ) -> str | None:
-    """Rank 0 of a job torchrun restarted: fewer or more workers than the state it resumes
-    from had (a host lost or back), as `[faults] min_workers` allows (recovery/rejoin.py)."""
-    if not launch.restart or resume is None:
+    """Rank 0 of a job torchrun started `again`: fewer or more workers than the state it
+    resumes from had (a host lost or back), as `[faults] min_workers` allows
+    (recovery/rejoin.py)."""
+    if not again or resume is None:
         return None
     meta = read_meta(Path(resume))
     was, step = int(meta.get("world_size", world_size)), int(meta.get("step", -1))
     elastic = strategy_class(plan.config.strategy).elastic
     faults = plan.config.faults
-    return check_membership(faults, was, world_size, launch.restart, step, paths, elastic)
+    return check_membership(
+        faults,
+        was,
+        world_size,
+        launch.restart,
+        step,
+        paths,
+        elastic,
+        can_grow=not launch.agent_store,
+    )
 
 
-def _claim_run(plan: JobPlan, launch: ExternalLaunch, held: ExitStack) -> tuple[Path, str | None]:
-    """Rank 0: the run directory, created for a new run (or found again after a restart by
-    torchrun, recovery/rejoin.py), locked in `held`; and the checkpoint to resume from."""
+def _claim_run(
+    plan: JobPlan, launch: ExternalLaunch, held: ExitStack, agents: set[str]
+) -> tuple[Path, str | None, bool]:
+    """Rank 0: the run directory, created for a new run (or found again when torchrun
+    started the job again: `agents`, the torchrun agents of the ranks, say it is the same
+    job, recovery/rejoin.py), locked in `held`; the checkpoint to resume from; whether the
+    run was found again."""
     if plan.run_root is not None:
         held.enter_context(RunLock(RunPaths(plan.run_root).lock))
-        return plan.run_root, plan.resume_from
+        return plan.run_root, plan.resume_from, bool(launch.restart)
     parent = Path(plan.config.run.dir)
-    again = marked_run(parent, plan.run_name, launch.run_id) if launch.restart else None
-    if again is not None:
-        held.enter_context(RunLock(again.lock))
-        return again.root, newest_state(again, None).path
+    found = marked_run(parent, plan.run_name, launch.run_id, agents, restarted=launch.restart > 0)
+    if found is not None:
+        held.enter_context(RunLock(found.lock))
+        mark_run(found, launch.run_id, agents)
+        return found.root, newest_state(found, None).path, True
     paths = create_run_dir(parent, plan.run_name)
     held.enter_context(RunLock(paths.lock))
     atomic_write_bytes(paths.config, dump_config(plan.config).encode())
-    mark_run(paths, launch.run_id)
-    return paths.root, None
+    mark_run(paths, launch.run_id, agents)
+    return paths.root, None, False
