@@ -215,3 +215,18 @@ def test_rotate_fast_distances_equal_the_reference(
     if compiled and not rotate_distance.COMPILE:
         pytest.skip("torch.compile is not available here: the tiles were used")
     assert bool(rotate_distance._shapes) == compiled  # the path named was the path taken
+
+
+def test_rotate_evaluation_takes_the_tiles_whatever_it_saw_before(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Only training steps (gradients enabled) use the compiled kernels: evaluation's blocks
+    come in many shapes, and a run resumed from a checkpoint must take the same kernel for
+    each training shape as the run it continues, whatever shapes either evaluated before."""
+    monkeypatch.setattr(rotate_distance, "COMPILE", True)
+    monkeypatch.setattr(rotate_distance, "_shapes", set())
+    model = _model("rotate", dim=8)
+    with torch.no_grad():
+        for n in (3, 5, 7):  # shapes the compiled path has never seen
+            model.match(torch.randn(2, n, 8), torch.randn(2, 4, 8))
+    assert rotate_distance._shapes == set()

@@ -90,15 +90,23 @@ def _pulls(x: torch.Tensor, y_t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
 _compiled: dict[str, Callable[..., torch.Tensor]] = {}
 #: (queries' shape, candidates' shape, dtype) compiled in this process: each new one costs a
 #: compilation (seconds; Inductor's disk cache shortens it in later processes), so only the
-#: first MAX_SHAPES are compiled and any other goes through the tiles. A training run sees
-#: one or two (the last batch of an epoch may be smaller).
+#: first MAX_SHAPES are compiled and any other goes through the tiles. Only training steps
+#: (gradients enabled) are compiled: they see a few shapes (each side's chunks; the last
+#: batch of an epoch may be smaller), always under the limit, so a run resumed from a
+#: checkpoint takes the same kernel for every shape as the run it continues (bit-identical
+#: resume). Evaluation, whose blocks come in many shapes, always takes the tiles.
 _shapes: set[tuple[Any, ...]] = set()
-MAX_SHAPES = 4
+MAX_SHAPES = 8
 
 
 def _kernels(q: torch.Tensor, c: torch.Tensor) -> dict[str, Callable[..., torch.Tensor]] | None:
     """The compiled kernels, or None where they are not to be used (see the module doc)."""
-    if not COMPILE or q.device.type != "cpu" or not q.dtype.is_floating_point:
+    if (
+        not COMPILE
+        or not torch.is_grad_enabled()
+        or q.device.type != "cpu"
+        or not q.dtype.is_floating_point
+    ):
         return None
     key = (tuple(q.shape), tuple(c.shape), q.dtype)
     if key not in _shapes:
