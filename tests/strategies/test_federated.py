@@ -350,13 +350,18 @@ def test_balanced_and_dynamic_assignments_give_the_static_model_bit_for_bit(runs
 def _assert_the_waiting_worker_waited(rounds: list[dict[str, Any]]) -> None:
     """Each worker's round in phases (training/meter.py's RankPhases): its clients' steps
     and the round's communication wait, where the worker that ran its clients sooner
-    waits for the other; with the rest of the round, a worker's phases are the round."""
+    waits for the other; with the rest of the round, a worker's phases are its round.
+    `round_s` is rank 0's round; rank 1's starts and ends on its own clock, apart from
+    rank 0's by what rank 0 alone does between rounds (logging) and by the load."""
     phases = ("data", "forward_backward", "comm", "optimizer", "other")
     uneven = 0
     for rec in rounds:
         for w in (0, 1):
             spent = sum(rec[f"rank{w}_{p}_s"] for p in phases)
-            assert spent == pytest.approx(rec["round_s"], rel=0.1, abs=0.02), (w, rec)
+            if w == 0:
+                assert spent == pytest.approx(rec["round_s"], rel=1e-9), rec
+            else:
+                assert spent == pytest.approx(rec["round_s"], rel=0.5), rec
             assert rec[f"rank{w}_forward_backward_s"] > 0
         busy = rec["worker_busy_s"]
         sooner, later = (0, 1) if busy[0] < busy[1] else (1, 0)

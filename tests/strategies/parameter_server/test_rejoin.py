@@ -7,16 +7,18 @@ from __future__ import annotations
 
 import datetime
 import logging
+import threading
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 
-from shoal.comm.links import PeerTimeout
+from shoal.comm.links import CommGroup, PeerTimeout
 from shoal.errors import JobFailed
 from shoal.runtime.hosts import Hosts
 from shoal.strategies.parameter_server.rejoin import Announcement, PushLog, Rejoin, announce
+from shoal.strategies.parameter_server.transport import RemoteLink
 from shoal.strategies.parameter_server.wire import Header, Op
 
 
@@ -73,3 +75,40 @@ def test_the_push_log_keeps_back_to_the_previous_saved_state() -> None:
     with pytest.raises(JobFailed, match="server 1 came back at clock 1, but worker 0 kept its "
                        "pushes only from clock 2 on"):  # fmt: skip
         log.since(1, 1, 0)
+
+
+class _Unsignalled:
+    """A send gloo neither completes nor fails until its deadline (a server that died in the
+    instant it was posted; see RemoteLink._wait_unless_reconnected)."""
+
+    def __init__(self) -> None:
+        self.released = threading.Event()
+
+    def wait(self, timeout_s: float | None = None) -> None:
+        if not self.released.wait(timeout_s):
+            raise PeerTimeout("Application timeout caused pair closure")
+
+
+def _link(wait_s: float) -> RemoteLink:
+    rejoin = Rejoin(_store(), 0, Hosts.single(4), wait_s, 5.0, logging.getLogger("test"))
+    return RemoteLink(1, 3, CommGroup(0, 4, Hosts.single(4), 5.0), rejoin)
+
+
+def test_a_flush_stuck_on_a_dead_servers_send_goes_on_once_the_watcher_reconnected() -> None:
+    link = _link(wait_s=5.0)
+    stuck = _Unsignalled()
+    link._sends = [stuck]  # type: ignore[list-item]
+    reconnected = threading.Timer(0.3, lambda: setattr(link, "generation", 1))  # the watcher
+    reconnected.start()
+    started = time.monotonic()
+    link.flush(timeout_s=60.0)
+    assert 0.25 < time.monotonic() - started < 3.0  # not the send's own minute
+    stuck.released.set()
+
+
+def test_a_flush_whose_send_failed_still_waits_for_the_server_and_names_it() -> None:
+    link = _link(wait_s=0.3)
+    failed = _Unsignalled()
+    link._sends = [failed]  # type: ignore[list-item]
+    with pytest.raises(PeerTimeout, match=r"server 1 \(rank 3\) failed .* did not come back"):
+        link.flush(timeout_s=0.2)

@@ -359,13 +359,15 @@ class FederatedLoop:
         self.phases.add("optimizer_s", time.perf_counter() - stepped)
         self._log_round(rnd, started, selected, reported, dropped, shared, delta, busy)
 
-    def _worker_phases(self, started: float) -> dict[str, float]:
-        """Every worker's phases of this round (`rank<r>_<phase>` seconds, peak memory): the
-        rest of its round is `other`. One small all-reduce of the figures alone."""
-        self.phases.add("other_s", max(time.perf_counter() - started - self.phases.total, 0.0))
+    def _worker_phases(self, started: float) -> tuple[float, dict[str, float]]:
+        """This worker's round so far (seconds) and every worker's phases of this round
+        (`rank<r>_<phase>` seconds, peak memory): the rest of its round is `other`, so
+        a worker's phases add up to its own round. One small all-reduce of the figures."""
+        elapsed = time.perf_counter() - started
+        self.phases.add("other_s", max(elapsed - self.phases.total, 0.0))
         slots = torch.tensor(self.phases.slots(self.ctx), dtype=torch.float64)
         self.wire.all_reduce_sum(slots, "round_phases")
-        return self.phases.read(slots.tolist(), self.ctx.world_size)
+        return elapsed, self.phases.read(slots.tolist(), self.ctx.world_size)
 
     def _contributions(
         self, reports: dict[int, ClientReport]
@@ -468,7 +470,7 @@ class FederatedLoop:
         sums = dict(zip(self.sum_names, stats[2 : 2 + len(self.sum_names)], strict=True))
         norm_sum, clipped = stats[2 + len(self.sum_names)], stats[3 + len(self.sum_names)]
         model_bytes = self.vector.size * 4
-        phases = self._worker_phases(started)  # before the wire's counts: they include it
+        round_s, phases = self._worker_phases(started)  # before the wire's counts: they include it
         record: dict[str, Any] = {
             "event": "round",
             "round": rnd + 1,
@@ -485,7 +487,7 @@ class FederatedLoop:
             "client_bytes_up": len(reported) * (model_bytes + 4),
             "wire_bytes_sent_per_worker": self.wire.sent_bytes,
             "wire_bytes_received_per_worker": self.wire.received_bytes,
-            "round_s": time.perf_counter() - started,
+            "round_s": round_s,  # this worker's (rank 0's), as its phases
             **phases,
             "worker_busy_s": busy[: len(busy) // 2].tolist(),
             "worker_clients": [int(c) for c in busy[len(busy) // 2 :]],

@@ -53,7 +53,10 @@ announcement appears, whatever the main thread is blocked on; every operation
 of a link (send, post, reconnect) holds the link's lock, and a reply's wait that
 fails on the old connection goes on with the receives the watcher posted anew.
 The reconnection waits for no other worker (each has a pair of its own), so no
-worker in it holds up another.
+worker in it holds up another. One more wait of the main thread needs the watcher: a
+send posted to the server in the instant it dies may be left by gloo neither done nor
+failed until its own deadline, so a flush waits for its sends in a thread and goes on
+once the watcher has reconnected (`transport.py`, `RemoteLink._wait_unless_reconnected`).
 
 Co-located servers are not restarted alone: they share the process of a worker,
 whose state is then gone too (the launcher restarts the job and says why).

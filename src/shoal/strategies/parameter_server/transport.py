@@ -29,7 +29,7 @@ import torch
 
 from shoal.comm.links import CommGroup, PeerTimeout, Transfer
 from shoal.errors import JobFailed, ShoalError
-from shoal.strategies.parameter_server.rejoin import Announcement, PushLog, Rejoin
+from shoal.strategies.parameter_server.rejoin import POLL_S, Announcement, PushLog, Rejoin
 from shoal.strategies.parameter_server.server import Reply
 from shoal.strategies.parameter_server.wire import (
     HEADER_LEN,
@@ -282,11 +282,49 @@ class RemoteLink(Link):
             sends, self._sends = self._sends, []
             generation = self.generation
         try:
-            for transfer in sends:
-                transfer.wait(timeout_s)
+            if self.rejoin is None:
+                for transfer in sends:
+                    transfer.wait(timeout_s)
+            else:
+                self._wait_unless_reconnected(sends, generation, timeout_s)
         except PeerTimeout as exc:
             with self.lock:
                 self._reconnect(exc, generation)  # the pushes lost with it are sent again
+
+    def _wait_unless_reconnected(
+        self, sends: list[Transfer], generation: int, timeout_s: float
+    ) -> None:
+        """Wait for `sends` of connection `generation`, unless the link reconnects first.
+
+        A send posted to a server in the instant it dies may never be signalled by gloo,
+        neither done nor failed, until its own deadline (`timeout_s`, a minute): seen
+        under load in tests/recovery/test_parameter_server.py, where the worker's main
+        thread sat in that wait while the watcher had already sent everything again to
+        the restarted server, and the job failed on the other worker's timeout. So the
+        wait runs in a thread of its own, and the caller goes on as soon as the watcher
+        has reconnected (what those sends carried went again over the new connection);
+        the abandoned wait ends at its deadline, on a connection nobody uses any more.
+        """
+        if not sends:
+            return
+        finished = threading.Event()
+        failed: list[PeerTimeout] = []
+
+        def wait_all() -> None:
+            try:
+                for transfer in sends:
+                    transfer.wait(timeout_s)
+            except PeerTimeout as exc:
+                failed.append(exc)
+            finally:
+                finished.set()
+
+        threading.Thread(target=wait_all, name=f"ps-flush-{self.server}", daemon=True).start()
+        while not finished.wait(POLL_S):
+            if self.generation > generation:
+                return
+        if failed:
+            raise failed[0]
 
     def heal(self) -> None:
         with self.lock:
