@@ -322,6 +322,13 @@ class RemoteLink(Link):
         threading.Thread(target=wait_all, name=f"ps-flush-{self.server}", daemon=True).start()
         while not finished.wait(POLL_S):
             if self.generation > generation:
+                assert self.rejoin is not None
+                self.rejoin.log.info(
+                    "%s: went on without %d sends to its previous connection (sent again "
+                    "over the new one)",
+                    self.role,
+                    len(sends),
+                )
                 return
         if failed:
             raise failed[0]
