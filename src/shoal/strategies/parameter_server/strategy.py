@@ -82,6 +82,7 @@ class ParameterServerStrategy(Strategy):
     # shard files re-shard on resume; the rows' optimizer state is of one kind
     resume_safe: ClassVar[tuple[str, ...]] = (
         "num_servers",
+        "min_servers",
         "placement",
         "sharding.*",
         "barrier_timeout_s",
