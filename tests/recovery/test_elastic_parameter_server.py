@@ -94,29 +94,36 @@ def test_a_server_given_up_leaves_its_rows_to_the_others(
     )
 
 
+@pytest.mark.parametrize(
+    ("placement", "servers", "rank", "left", "overrides"),
+    [
+        ("dedicated", 2, 2, 2, ["strategy.num_workers=2"]),
+        # co-located: rank 1 runs worker 1 and server 1; 2 workers hold 2 servers at most
+        ("colocated", 3, 1, 2, ["strategy.num_workers=2", "strategy.num_servers=2"]),
+    ],
+)
 def test_a_worker_given_up_leaves_the_job_on_fewer_with_the_same_batch(
-    runs: Path, graph: dict[str, str]
+    runs: Path,
+    graph: dict[str, str],
+    placement: str,
+    servers: int,
+    rank: int,
+    left: int,
+    overrides: list[str],
 ) -> None:
     """Batches of 32 in chunks of 4 sharing negatives: 3 workers take 3, 3 and 2 chunks of
     each, 2 workers 4 and 4 (learner.py: whole chunks, so the same negatives)."""
-    strategy = ps(num_workers=3, num_servers=2, optimizer=LAZY_ADAM)  # workers: ranks 0-2
+    strategy = ps(num_workers=3, num_servers=servers, placement=placement, optimizer=LAZY_ADAM)
     task = {"negatives": {"num_negatives": 16, "chunk_size": 4}}
     results = shoal.train(
-        job(runs, graph, "elastic-worker", strategy=strategy, checkpoint=KEEP, task=task,
-            faults=_given_up(2))
+        job(runs, graph, f"elastic-{placement}", strategy=strategy, checkpoint=KEEP, task=task,
+            faults=_given_up(rank))
     )  # fmt: skip
     assert results["restarts"] == 1 and results["world_size"] == 2  # the workers' world
     assert [(m["lost_rank"], m["workers"], m["servers"]) for m in
-            results["membership_changes"]] == [(2, 2, 2)]  # fmt: skip
+            results["membership_changes"]] == [(rank, 2, left)]  # fmt: skip
     _same_as_resumed_by_hand(
-        runs,
-        graph,
-        "ref-worker",
-        strategy,
-        results,
-        ["strategy.num_workers=2"],
-        exact=False,
-        task=task,
+        runs, graph, f"ref-{placement}", strategy, results, overrides, exact=False, task=task
     )
 
 
