@@ -7,7 +7,13 @@ import math
 import pytest
 import torch
 
-from shoal.training.batching import EpochPlan, local_share, micro_batches, steps_per_epoch
+from shoal.training.batching import (
+    EpochPlan,
+    chunk_share,
+    local_share,
+    micro_batches,
+    steps_per_epoch,
+)
 from shoal.training.optim import WarmupDecay
 
 
@@ -60,3 +66,17 @@ def test_linear_and_constant_schedules() -> None:
     linear = WarmupDecay(0, 10, "linear", 0.0)
     assert [linear(s) for s in (0, 5, 10)] == pytest.approx([1.0, 0.5, 0.0])
     assert WarmupDecay(0, 10, "constant", 0.0)(7) == 1.0
+
+
+@pytest.mark.parametrize(("size", "chunk"), [(32, 4), (31, 4), (10, 16), (7, 1)])
+def test_chunk_shares_are_whole_chunks_of_the_batch_on_any_world_size(
+    size: int, chunk: int
+) -> None:
+    """Every sample once, in order, and every share starts on a chunk of the whole batch."""
+    batch = torch.randperm(100)[:size]
+    for world_size in (1, 2, 3, 5):
+        shares = [chunk_share(batch, r, world_size, chunk) for r in range(world_size)]
+        assert torch.equal(torch.cat(shares), batch)
+        starts = [sum(len(s) for s in shares[:r]) for r in range(world_size) if len(shares[r])]
+        assert all(start % chunk == 0 for start in starts)
+    assert [len(chunk_share(torch.arange(32), r, 3, 4)) for r in range(3)] == [12, 12, 8]

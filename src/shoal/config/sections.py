@@ -194,7 +194,8 @@ class FaultsConfig(ConfigModel):
         description="Elastic: when a worker cannot come back (it failed max_rank_failures "
         "times), go on with one worker fewer, down to this many, resumed from the newest "
         "state with the same global batch (data_parallel; federated moves the lost worker's "
-        "clients to the others). 0: never shrink.",
+        "clients to the others; parameter_server counts its workers only, its servers have "
+        "strategy.min_servers). 0: never shrink.",
     )
     max_rank_failures: int = Field(
         2,

@@ -208,22 +208,30 @@ class LocalLauncher:
 
     def _shrink_if_lost(self, failure: Failure) -> None:
         """Elastic (`[faults] min_workers`): a rank that failed `max_rank_failures` times is
-        given up; the next attempt has one worker fewer, the same global batch (the config's
-        worker count changes, which a resume may do) and resumes from the same state."""
+        given up; the next attempt goes on without it (`Strategy.without_rank`: one worker
+        fewer with the same global batch, or for the parameter server one server fewer,
+        its rows re-sharded) and resumes from the same state."""
         faults = self.config.faults
-        failures = 0
-        if failure.rank is not None:
-            failures = self.restarts.failures_by_rank.get(failure.rank, 0)
-        if not faults.min_workers or failures < faults.max_rank_failures:
+        if not faults.min_workers or not self._given_up(failure.rank, 0):
             return
-        if self.world_size - 1 < faults.min_workers:
-            return  # restarted with every worker: min_workers is the floor
-        self.world_size -= 1
+        assert failure.rank is not None
+        cls = strategy_class(self.config.strategy)
         section = "strategy.config" if self.config.strategy.type == "custom" else "strategy"
-        extra = strategy_class(self.config.strategy).workers_override(self.world_size, section)
-        self.config = load_config(self.config, extra)
+        shrink = cls.without_rank(self.config, failure.rank, section)
+        if shrink is None:
+            return  # restarted with every rank: the floor is reached
+        self.config = load_config(self.config, shrink.overrides)
+        self.world_size = cls.world_size(self.config)
         self.config_file = stage_config(self.paths, self.config)
-        _notice(self.restarts.shrunk(failure, self.world_size))
+        _notice(self.restarts.shrunk(failure, shrink.members, shrink.floor))
+
+    def _given_up(self, rank: int | None, more: int) -> bool:
+        """Whether `rank` has failed `faults.max_rank_failures` times, counting `more` not
+        yet recorded (elastic only: without min_workers no rank is given up)."""
+        faults = self.config.faults
+        if rank is None or not faults.min_workers:
+            return False
+        return self.restarts.failures_by_rank.get(rank, 0) + more >= faults.max_rank_failures
 
     def _environment(self, rank: int, port: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -361,6 +369,10 @@ class LocalLauncher:
         failure = Failure(error, rank, step, restartable=True)
         if not self.restarts.allows(failure):
             return False
+        section = "strategy.config" if self.config.strategy.type == "custom" else "strategy"
+        cls = strategy_class(self.config.strategy)
+        if self._given_up(rank, 1) and cls.without_rank(self.config, rank, section):
+            return False  # given up: the job restarts without it (_shrink_if_lost)
         try:
             point = newest_state(self.paths, self.resume_from, self._snapshots)
         except ShoalError:

@@ -91,6 +91,12 @@ def plan_job(
             f"faults.min_workers: strategy '{config.strategy.type}' cannot go on with fewer "
             "workers than it started with; remove min_workers (restarts keep every worker)"
         )
+    workers = cls.members(config)["workers"]
+    if config.faults.min_workers > workers:
+        raise ConfigError(
+            f"faults.min_workers: {config.faults.min_workers} is more than the job's "
+            f"{workers} workers; set it to at most {workers} (0: never shrink)"
+        )
     if checkpoint is not None:  # the bytes are verified where they are read, by the workers
         rules = cls.resume_rules(config)
         changes = resume_changes(checkpoint, read_meta(checkpoint), config, rules)

@@ -17,7 +17,8 @@ whose attempt reached no step beyond the state it resumed from.
 Each failure, restart and recovery is logged on the launcher's stderr and
 appended to metrics.jsonl (`failure`, `restart`, `recovered` events; no worker
 runs while the first two are written, and a line is one append), and the job's
-results.json gets `restarts`, `failures`, `lost_steps` and `recovery_s`.
+results.json gets `restarts`, `failures`, `lost_steps`, `recovery_s` and
+`membership_changes` (each rank given up, `[faults] min_workers`).
 Recovery time runs from the moment the launcher detected the failure to the
 first heartbeat of a step beyond the resumed state; lost steps are the newest
 step any rank was known to have reached (its heartbeat or error report) minus
@@ -92,6 +93,7 @@ class RestartLog:
         self.paths, self.faults = paths, faults
         self.records: list[dict[str, Any]] = []
         self.failures_by_rank: dict[int, int] = {}
+        self.membership: list[dict[str, Any]] = []  # each rank given up (`shrunk`)
         self._no_progress = 0  # restarts in a row whose attempt made no progress
         self._pending: dict[str, Any] | None = None  # the restart awaiting its first step
 
@@ -166,17 +168,23 @@ class RestartLog:
             f"(faults.max_restarts) from {where}, {lost} steps lost, after {backoff_s:g} s"
         )
 
-    def shrunk(self, failure: Failure, workers: int) -> str:
-        """Record that the job goes on without the rank at fault; returns the log line.
-        Ranks are numbered afresh in the smaller job: the per-rank counts start again."""
+    def shrunk(self, failure: Failure, members: dict[str, int], floor: str) -> str:
+        """Record that the job goes on without the rank at fault (`members`: its membership
+        now, `floor`: what allowed it); returns the log line. Ranks are numbered afresh in
+        the smaller job: the per-rank counts start again."""
         self.failures_by_rank.clear()
-        record = {"event": "membership", "lost_rank": failure.rank, "workers": workers,
+        record = {"event": "membership", "lost_rank": failure.rank, **members,
                   "step": failure.step, "time": time.time()}  # fmt: skip
         append_event(self.paths.metrics, record)
+        self.membership.append(record)
+        who = " and ".join(
+            f"{count} {role.removesuffix('s') if count == 1 else role}"
+            for role, count in members.items()
+        )
         return (
             f"rank {failure.rank} failed {self.faults.max_rank_failures} times "
-            f"(faults.max_rank_failures): the job goes on with {workers} workers "
-            f"(faults.min_workers = {self.faults.min_workers}), the same global batch"
+            f"(faults.max_rank_failures): the job goes on with {who} ({floor}), the same "
+            "global batch"
         )
 
     def recovered(self, step: int, at: float) -> str | None:
@@ -206,6 +214,7 @@ class RestartLog:
             "failures": self.records,
             "lost_steps": sum(r["lost_steps"] for r in self.records),
             "recovery_s": [r["recovery_s"] for r in self.records],
+            "membership_changes": self.membership,
         }
 
     def add_to_results(self) -> None:

@@ -13,6 +13,7 @@ parameter server) gives the step loop its collaborators.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import torch
@@ -34,6 +35,18 @@ from shoal.training.steps import StepLoop
 
 #: the strategies whose checkpoints are one learner's parts (`checkpoint/sharded.py`)
 LEARNERS = ("local", "data_parallel", "tensor_parallel", "fully_sharded", "hybrid")
+
+
+@dataclass(frozen=True)
+class Shrink:
+    """A job going on without one rank it gave up (`[faults] min_workers`)."""
+
+    #: the `--set` items of the smaller job's config
+    overrides: list[str]
+    #: its membership, as the `membership` record in metrics.jsonl says it: {"workers": 2}
+    members: dict[str, int]
+    #: the floor that allowed it, for the log line: "faults.min_workers = 2"
+    floor: str
 
 
 class Strategy(ABC):
@@ -93,6 +106,27 @@ class Strategy(ABC):
         raise ConfigError(
             f"--workers {workers}: strategy '{name}' runs one process; set "
             '[strategy] type = "data_parallel" to train on several workers'
+        )
+
+    @classmethod
+    def members(cls, config: ShoalConfig) -> dict[str, int]:
+        """The job's membership by role ({"workers": N}; the parameter server adds its
+        servers): what `[faults] min_workers` counts and `membership` records say."""
+        return {"workers": cls.world_size(config)}
+
+    @classmethod
+    def without_rank(cls, config: ShoalConfig, rank: int, section: str) -> Shrink | None:
+        """The job without `rank`, given up (`[faults] min_workers`, an `elastic` strategy):
+        one worker fewer, the same global batch. None: that would go below the floor (the
+        job restarts with every rank). `section`: where the strategy's config lives."""
+        workers = cls.world_size(config) - 1
+        floor = config.faults.min_workers
+        if workers < floor:
+            return None
+        return Shrink(
+            cls.workers_override(workers, section),
+            {"workers": workers},
+            f"faults.min_workers = {floor}",
         )
 
     @classmethod

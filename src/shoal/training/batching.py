@@ -49,6 +49,16 @@ def local_share(global_batch: torch.Tensor, rank: int, world_size: int) -> torch
     return global_batch[rank_slice(len(global_batch), rank, world_size)]
 
 
+def chunk_share(global_batch: torch.Tensor, rank: int, world_size: int, chunk: int) -> torch.Tensor:
+    """This rank's contiguous slice of a global batch made of whole `chunk`s of it (counted
+    from the batch's start; the last may be short), possibly empty. Samples that share
+    something by their place in the batch (a chunk of KGE positives shares its negatives,
+    keyed by the chunk's first sample) then share it on any number of ranks, as in one
+    process: the batch splits into the same chunks whatever the world size."""
+    chunks = rank_slice(-(-len(global_batch) // chunk), rank, world_size)
+    return global_batch[chunks.start * chunk : chunks.stop * chunk]
+
+
 def micro_batches(indices: torch.Tensor, count: int) -> list[torch.Tensor]:
     """Split into `count` near-equal micro-batches (some empty when there are few indices)."""
     return list(torch.tensor_split(indices, count))

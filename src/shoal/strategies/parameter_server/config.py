@@ -114,6 +114,14 @@ class ParameterServerStrategyConfig(StrategySection):
         "of every global batch.",
     )
     num_servers: int = Field(1, ge=1, description="Servers, i.e. shards of every table.")
+    min_servers: int = Field(
+        1,
+        ge=1,
+        description="Elastic (with faults.min_workers): a dedicated server given up (it "
+        "failed faults.max_rank_failures times) leaves the job with one server fewer, its "
+        "rows re-sharded over the others from the checkpoint, down to this many. "
+        "faults.min_workers counts workers only.",
+    )
     placement: Literal["dedicated", "colocated"] = Field(
         "dedicated",
         description="dedicated: servers are processes of their own (num_workers + "
@@ -175,6 +183,11 @@ class ParameterServerStrategyConfig(StrategySection):
 
     @model_validator(mode="after")
     def _consistent(self) -> ParameterServerStrategyConfig:
+        if self.min_servers > self.num_servers:
+            raise FieldError(
+                ("min_servers",),
+                f"must be <= num_servers ({self.num_servers}), got {self.min_servers}",
+            )
         if self.placement == "colocated" and self.num_servers > self.num_workers:
             raise ValueError(
                 f'placement = "colocated" runs each server inside a worker: num_servers '

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import itertools
+import math
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -37,7 +38,7 @@ from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.hosts import Hosts
 from shoal.runtime.rng import seed_everything
 from shoal.runtime.roles import RankRoles
-from shoal.strategies.base import Strategy
+from shoal.strategies.base import Shrink, Strategy
 from shoal.strategies.parameter_server.client import RowClient
 from shoal.strategies.parameter_server.collaborators import ServedModel, ShardFiles, server_section
 from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
@@ -81,6 +82,7 @@ class ParameterServerStrategy(Strategy):
     # shard files re-shard on resume; the rows' optimizer state is of one kind
     resume_safe: ClassVar[tuple[str, ...]] = (
         "num_servers",
+        "min_servers",
         "placement",
         "sharding.*",
         "barrier_timeout_s",
@@ -89,12 +91,56 @@ class ParameterServerStrategy(Strategy):
         "worker_memory_budget_mb",
     )
     resume_incompatible: ClassVar[tuple[str, ...]] = ("optimizer.kind",)
+    #: sync mode splits each global batch over the workers and sums their pushes, so fewer
+    #: workers train the same problem; the shard files re-shard over fewer servers
+    elastic: ClassVar[bool] = True
     client: RowClient
 
     @classmethod
     def world_size(cls, config: ShoalConfig) -> int:
         assert isinstance(config.strategy, ParameterServerStrategyConfig)
         return config.strategy.world_size
+
+    @classmethod
+    def members(cls, config: ShoalConfig) -> dict[str, int]:
+        c = config.strategy
+        assert isinstance(c, ParameterServerStrategyConfig)
+        return {"workers": c.num_workers, "servers": c.num_servers}
+
+    @classmethod
+    def without_rank(cls, config: ShoalConfig, rank: int, section: str) -> Shrink | None:
+        """Elastic membership, two floors. A worker given up: one worker fewer, down to
+        `faults.min_workers` (which counts workers only), the same global batch (each
+        worker trains its share of it, and sync mode sums the shares' pushes); co-located
+        servers never outnumber the workers left. A dedicated server given up: one server
+        fewer, down to `strategy.min_servers`; every server of the next attempt reads the
+        rows it now owns, with their row-optimizer state, from every shard file of the
+        checkpoint it resumes from (shards.py: `load_shards` re-shards)."""
+        c = config.strategy
+        assert isinstance(c, ParameterServerStrategyConfig)
+        if c.placement == "dedicated" and rank >= c.num_workers:
+            servers = c.num_servers - 1
+            if servers < c.min_servers:
+                return None
+            return Shrink(
+                [f"{section}.num_servers={servers}"],
+                {"workers": c.num_workers, "servers": servers},
+                f"strategy.min_servers = {c.min_servers}",
+            )
+        workers = c.num_workers - 1
+        if workers < config.faults.min_workers:
+            return None
+        servers = c.num_servers if c.placement == "dedicated" else min(c.num_servers, workers)
+        overrides = [f"{section}.num_workers={workers}"]
+        if servers != c.num_servers:
+            overrides.append(f"{section}.num_servers={servers}")
+        if c.min_servers > servers:
+            overrides.append(f"{section}.min_servers={servers}")
+        return Shrink(
+            overrides,
+            {"workers": workers, "servers": servers},
+            f"faults.min_workers = {config.faults.min_workers}",
+        )
 
     @classmethod
     def restarts_alone(cls, config: ShoalConfig, rank: int) -> tuple[bool, str | None]:
@@ -331,8 +377,9 @@ class ParameterServerStrategy(Strategy):
         config, task = self.config, self.task
         train = self.ctx.config.train
         negatives = task.config.negatives
-        share = -(-train.batch_size // config.num_workers)
-        chunks = -(-share // negatives.chunk_size)
+        chunk = negatives.chunk_size  # a worker's share is whole chunks (learner.py)
+        chunks = math.ceil(math.ceil(train.batch_size / chunk) / config.num_workers)
+        share = min(train.batch_size, chunks * chunk)
         per_chunk = sum(count for _, count in negatives.side_counts)
         entity_rows = min(task.num_entities, 2 * share + chunks * per_chunk)
         relation_rows = min(task.relation_rows, 2 * share)
