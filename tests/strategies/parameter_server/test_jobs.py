@@ -288,3 +288,21 @@ def test_what_scores_every_row_is_refused_with_a_reason(
         del config["task"]["negatives"]
     with pytest.raises(ShoalError, match=message):
         shoal.train(config)
+
+
+def test_fewer_chunks_than_workers_warn_once_and_train_as_one_worker(
+    runs: Path, graph: dict[str, str]
+) -> None:
+    """A worker's share is whole chunks of the batch (negatives shared by a chunk stay those
+    of one process): a batch of one chunk leaves the second worker without samples. Said
+    in one warning, and the tables are those of one worker (sync: the idle worker pushes
+    no rows)."""
+    task = {"negatives": {"num_negatives": 16, "chunk_size": 32}}
+    two = shoal.train(job(runs, graph, "one-chunk-2", task=task, strategy=ps()))
+    one = shoal.train(job(runs, graph, "one-chunk-1", task=task, strategy=ps(num_workers=1)))
+    log = (Path(two["run_dir"]) / "logs" / "rank-0.log").read_text()
+    assert log.count("so 1 worker(s) train nothing in a step") == 1
+    assert "chunk_size = 32: a batch of 32 (train.batch_size) is 1 chunk(s)" in log
+    a, b = ps_tables(two), ps_tables(one)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

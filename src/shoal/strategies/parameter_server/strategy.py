@@ -378,7 +378,19 @@ class ParameterServerStrategy(Strategy):
         train = self.ctx.config.train
         negatives = task.config.negatives
         chunk = negatives.chunk_size  # a worker's share is whole chunks (learner.py)
-        chunks = math.ceil(math.ceil(train.batch_size / chunk) / config.num_workers)
+        in_batch = math.ceil(train.batch_size / chunk)
+        if in_batch < config.num_workers and self.ctx.rank == 0:
+            self.ctx.log.warning(
+                "task.negatives.chunk_size = %d: a batch of %d (train.batch_size) is %d "
+                "chunk(s), fewer than the %d workers, so %d worker(s) train nothing in a step "
+                "(a worker's share is whole chunks); lower chunk_size or raise batch_size",
+                chunk,
+                train.batch_size,
+                in_batch,
+                config.num_workers,
+                config.num_workers - in_batch,
+            )
+        chunks = math.ceil(in_batch / config.num_workers)
         share = min(train.batch_size, chunks * chunk)
         per_chunk = sum(count for _, count in negatives.side_counts)
         entity_rows = min(task.num_entities, 2 * share + chunks * per_chunk)
