@@ -249,18 +249,19 @@ def _membership(
     (recovery/rejoin.py)."""
     if not again or resume is None:
         return None
+    cls = strategy_class(plan.config.strategy)
+    now = cls.workers_in(plan.config, world_size)  # as the checkpoint counts them
     meta = read_meta(Path(resume))
-    was, step = int(meta.get("world_size", world_size)), int(meta.get("step", -1))
-    elastic = strategy_class(plan.config.strategy).elastic
+    was, step = int(meta.get("world_size", now)), int(meta.get("step", -1))
     faults = plan.config.faults
     return check_membership(
         faults,
         was,
-        world_size,
+        now,
         launch.restart,
         step,
         paths,
-        elastic,
+        cls.elastic,
         can_grow=not launch.agent_store,
     )
 

@@ -115,6 +115,13 @@ class Strategy(ABC):
         return {"workers": cls.world_size(config)}
 
     @classmethod
+    def workers_in(cls, config: ShoalConfig, world_size: int) -> int:
+        """How many of `world_size` processes (as torchrun started them) are workers, in the
+        terms a checkpoint's `world_size` counts them (the parameter server leaves out its
+        dedicated servers)."""
+        return world_size
+
+    @classmethod
     def without_rank(cls, config: ShoalConfig, rank: int, section: str) -> Shrink | None:
         """The job without `rank`, given up (`[faults] min_workers`, an `elastic` strategy):
         one worker fewer, the same global batch. None: that would go below the floor (the

@@ -6,15 +6,20 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 
 import shoal
+from shoal.config import load_config
 from shoal.errors import JobFailed, ShoalError
+from shoal.launch.external import _membership
+from shoal.run import RunPaths
 from shoal.strategies.parameter_server.shards import SHARD_GLOB
 from tests.conftest import final_state
+from tests.recovery.chaos import events
 from tests.tasks.kge.planted import random_mrr, write_planted_graph
 from tests.tasks.kge.test_training import kge_job
 
@@ -306,3 +311,17 @@ def test_fewer_chunks_than_workers_warn_once_and_train_as_one_worker(
     a, b = ps_tables(two), ps_tables(one)
     for name in a:
         assert torch.equal(a[name], b[name]), name
+
+
+def test_a_torchrun_restart_counts_workers_as_the_checkpoint_does(
+    runs: Path, graph: dict[str, str]
+) -> None:
+    """Under torchrun a dedicated server is a rank but not a worker: started again with the
+    job's 4 processes (2 workers, 2 servers), it resumes a checkpoint of 2 workers, which
+    is no change of membership (no "grows back to 4 workers from 2")."""
+    done = shoal.train(job(runs, graph, "torchrun-count", strategy=ps(placement="dedicated")))
+    paths = RunPaths(Path(done["run_dir"]))
+    plan = SimpleNamespace(config=load_config(paths.config))
+    launch = SimpleNamespace(restart=1, agent_store=False)
+    assert _membership(plan, launch, True, 4, paths, done["checkpoint"]) is None  # type: ignore[arg-type]
+    assert not [e for e in events(paths.root) if e["event"] == "membership"]

@@ -108,6 +108,13 @@ class ParameterServerStrategy(Strategy):
         return {"workers": c.num_workers, "servers": c.num_servers}
 
     @classmethod
+    def workers_in(cls, config: ShoalConfig, world_size: int) -> int:
+        """Dedicated servers are ranks but not workers (a checkpoint counts the workers)."""
+        c = config.strategy
+        assert isinstance(c, ParameterServerStrategyConfig)
+        return world_size - (c.num_servers if c.placement == "dedicated" else 0)
+
+    @classmethod
     def without_rank(cls, config: ShoalConfig, rank: int, section: str) -> Shrink | None:
         """Elastic membership, two floors. A worker given up: one worker fewer, down to
         `faults.min_workers` (which counts workers only), the same global batch (each
