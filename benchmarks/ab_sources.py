@@ -32,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +44,17 @@ DEMO = EXAMPLES / "kge-kinships-ps.toml"
 FEDERATED = EXAMPLES / "federated.toml"
 
 
-def run_ps(work: Path, source: Path, name: str, config: Path = DEMO) -> tuple[float, float]:
-    """(wall seconds, samples/s) of the demo job (or `config`) from `source`."""
+def run_ps(
+    work: Path, source: Path, name: str, config: Path = DEMO, extra: Sequence[str] = ()
+) -> tuple[float, float]:
+    """(wall seconds, samples/s) of the demo job (or `config`) from `source`; `extra`:
+    more `--set` items (e.g. faults.max_restarts=1, which gives the PS workers' links
+    their restart-alone path)."""
     env = {**os.environ, "PYTHONPATH": str(source.resolve())}
     command = [sys.executable, "-m", "shoal", "train", str(config), "--set", "monitor.progress=off"]
     command += ["--set", f"run.dir={work / 'runs'}", "--set", f"run.name={name}"]
+    for item in extra:
+        command += ["--set", item]
     started = time.perf_counter()
     subprocess.run(command, check=True, capture_output=True, env=env, cwd=work)
     wall = time.perf_counter() - started
@@ -55,9 +62,9 @@ def run_ps(work: Path, source: Path, name: str, config: Path = DEMO) -> tuple[fl
     return wall, float(results.get("samples_per_s", 0.0))
 
 
-def run_fed(work: Path, source: Path, name: str) -> tuple[float, float]:
+def run_fed(work: Path, source: Path, name: str, extra: Sequence[str] = ()) -> tuple[float, float]:
     """(wall seconds, samples per second of round time after the first round)."""
-    wall, _ = run_ps(work, source, name, FEDERATED)
+    wall, _ = run_ps(work, source, name, FEDERATED, extra)
     metrics = (work / "runs" / name / "metrics.jsonl").read_text().splitlines()
     rounds = [r for r in map(json.loads, metrics) if r["event"] == "round" and r["round"] > 1]
     return wall, sum(r["samples"] for r in rounds) / sum(r["round_s"] for r in rounds)
@@ -132,6 +139,9 @@ def main() -> None:
     parser.add_argument("--skip", type=int, default=10)
     parser.add_argument("--job", choices=("dp", "ps", "fed", "kge-ps"), default="dp")
     parser.add_argument("--aggregation", default="native", help="dp: the aggregation method")
+    parser.add_argument(
+        "--set", dest="extra", action="append", default=[], help="ps, fed: a config override"
+    )
     args = parser.parse_args()
     rates: dict[str, list[float]] = {"a": [], "b": []}
     walls: dict[str, list[float]] = {"a": [], "b": []}
@@ -141,7 +151,8 @@ def main() -> None:
             for label, source in (("a", args.a), ("b", args.b)):
                 name = f"{label}-{round_}"
                 if args.job in ("ps", "fed"):
-                    wall, rate = (run_ps if args.job == "ps" else run_fed)(work, source, name)
+                    runner = run_ps if args.job == "ps" else run_fed
+                    wall, rate = runner(work, source, name, extra=args.extra)
                     walls[label].append(wall)
                 else:
                     job = kge_ps_job() if args.job == "kge-ps" else dp_job(args.aggregation)

@@ -53,6 +53,7 @@ from shoal.errors import (
     ShoalError,
     TrainingHalted,
 )
+from shoal.launch.plan import strategy_section
 from shoal.launch.process_group import LAUNCHER_ENV, loopback_interface
 from shoal.launch.reports import read_report
 from shoal.launch.start import WorkerProcess, start_worker
@@ -64,6 +65,7 @@ from shoal.run import RunPaths
 from shoal.runtime.auth import SECRET_ENV, Signer, new_secret
 from shoal.runtime.heartbeat import Beat
 from shoal.runtime.stop import STOP_SIGNALS, describe_stop, signal_name
+from shoal.strategies.base import Shrink
 from shoal.strategies.registry import strategy_class
 
 POLL_S = 0.1
@@ -211,19 +213,20 @@ class LocalLauncher:
         given up; the next attempt goes on without it (`Strategy.without_rank`: one worker
         fewer with the same global batch, or for the parameter server one server fewer,
         its rows re-sharded) and resumes from the same state."""
-        faults = self.config.faults
-        if not faults.min_workers or not self._given_up(failure.rank, 0):
+        if failure.rank is None or not self._given_up(failure.rank, 0):
             return
-        assert failure.rank is not None
-        cls = strategy_class(self.config.strategy)
-        section = "strategy.config" if self.config.strategy.type == "custom" else "strategy"
-        shrink = cls.without_rank(self.config, failure.rank, section)
+        shrink = self._without(failure.rank)
         if shrink is None:
             return  # restarted with every rank: the floor is reached
         self.config = load_config(self.config, shrink.overrides)
-        self.world_size = cls.world_size(self.config)
+        self.world_size = strategy_class(self.config.strategy).world_size(self.config)
         self.config_file = stage_config(self.paths, self.config)
         _notice(self.restarts.shrunk(failure, shrink.members, shrink.floor))
+
+    def _without(self, rank: int) -> Shrink | None:
+        """The job without `rank` (None: the floor is reached)."""
+        cls = strategy_class(self.config.strategy)
+        return cls.without_rank(self.config, rank, strategy_section(self.config))
 
     def _given_up(self, rank: int | None, more: int) -> bool:
         """Whether `rank` has failed `faults.max_rank_failures` times, counting `more` not
@@ -369,9 +372,7 @@ class LocalLauncher:
         failure = Failure(error, rank, step, restartable=True)
         if not self.restarts.allows(failure):
             return False
-        section = "strategy.config" if self.config.strategy.type == "custom" else "strategy"
-        cls = strategy_class(self.config.strategy)
-        if self._given_up(rank, 1) and cls.without_rank(self.config, rank, section):
+        if self._given_up(rank, 1) and self._without(rank):
             return False  # given up: the job restarts without it (_shrink_if_lost)
         try:
             point = newest_state(self.paths, self.resume_from, self._snapshots)

@@ -35,13 +35,18 @@ class JobPlan:
     allow_changes: bool = False  # --allow-changes: a resume may change what the run trains
 
 
+def strategy_section(config: ShoalConfig) -> str:
+    """Where the strategy's own fields live, for `--set` items: a plugin's under
+    "strategy.config" (`type = "custom"`)."""
+    return "strategy.config" if config.strategy.type == "custom" else "strategy"
+
+
 def _workers_override(config: ShoalConfig, workers: int | None) -> list[str]:
     if workers is None:
         return []
     if workers < 1:
         raise ConfigError(f"--workers: must be >= 1, got {workers}")
-    section = "strategy.config" if config.strategy.type == "custom" else "strategy"
-    return strategy_class(config.strategy).workers_override(workers, section)
+    return strategy_class(config.strategy).workers_override(workers, strategy_section(config))
 
 
 def resume_root(resume: str | Path) -> Path | None:

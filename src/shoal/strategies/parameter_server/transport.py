@@ -161,6 +161,42 @@ class _Request:
     posted: _Posted | None = None
 
 
+@dataclass
+class _SendBatch:
+    """One flush's sends, as the waiter thread reports them back."""
+
+    sends: list[Transfer]
+    timeout_s: float
+    finished: threading.Event = field(default_factory=threading.Event)
+    failed: PeerTimeout | None = None
+
+
+class _SendWaiter:
+    """A thread that waits for flushes' sends in turn (RemoteLink._wait_unless_reconnected):
+    one thread for the link's life instead of one a flush, which cost the demo ~6 % of
+    its samples/s with restarts on (benchmarks/RESULTS.md)."""
+
+    def __init__(self, name: str) -> None:
+        self._batches: queue.SimpleQueue[_SendBatch] = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def wait_for(self, sends: list[Transfer], timeout_s: float) -> _SendBatch:
+        batch = _SendBatch(sends, timeout_s)
+        self._batches.put(batch)
+        return batch
+
+    def _run(self) -> None:
+        while True:
+            batch = self._batches.get()
+            try:
+                for transfer in batch.sends:
+                    transfer.wait(batch.timeout_s)
+            except PeerTimeout as exc:
+                batch.failed = exc
+            finally:
+                batch.finished.set()
+
+
 class RemoteLink(Link):
     """To server `server` on rank `rank`, over the servers' CommGroup `peers`.
 
@@ -187,6 +223,7 @@ class RemoteLink(Link):
         self._sends: list[Transfer] = []
         self._outstanding: list[_Request] = []
         self._broken: PeerTimeout | None = None  # a send failed: reconnect after the pushes
+        self._waiter: _SendWaiter | None = None  # flush's waits (with rejoin), made on use
 
     def _isend(self, tag: Tag, tensor: torch.Tensor, what: str) -> None:
         self._sends.append(self.peers.isend(self.rank, tensor, what, tag=tag, role=self.role))
@@ -301,26 +338,17 @@ class RemoteLink(Link):
         under load in tests/recovery/test_parameter_server.py, where the worker's main
         thread sat in that wait while the watcher had already sent everything again to
         the restarted server, and the job failed on the other worker's timeout. So the
-        wait runs in a thread of its own, and the caller goes on as soon as the watcher
-        has reconnected (what those sends carried went again over the new connection);
-        the abandoned wait ends at its deadline, on a connection nobody uses any more.
+        waits run on a thread of the link's (`_SendWaiter`), and the caller goes on as
+        soon as the watcher has reconnected (what those sends carried went again over
+        the new connection); the abandoned wait ends at its deadline, on a connection
+        nobody uses any more, and later flushes get a waiter of their own.
         """
         if not sends:
             return
-        finished = threading.Event()
-        failed: list[PeerTimeout] = []
-
-        def wait_all() -> None:
-            try:
-                for transfer in sends:
-                    transfer.wait(timeout_s)
-            except PeerTimeout as exc:
-                failed.append(exc)
-            finally:
-                finished.set()
-
-        threading.Thread(target=wait_all, name=f"ps-flush-{self.server}", daemon=True).start()
-        while not finished.wait(POLL_S):
+        if self._waiter is None:
+            self._waiter = _SendWaiter(f"ps-flush-{self.server}")
+        batch = self._waiter.wait_for(sends, timeout_s)
+        while not batch.finished.wait(POLL_S):
             if self.generation > generation:
                 assert self.rejoin is not None
                 self.rejoin.log.info(
@@ -329,9 +357,10 @@ class RemoteLink(Link):
                     self.role,
                     len(sends),
                 )
+                self._waiter = None  # busy until that wait's deadline
                 return
-        if failed:
-            raise failed[0]
+        if batch.failed is not None:
+            raise batch.failed
 
     def heal(self) -> None:
         with self.lock:
