@@ -9,6 +9,13 @@ counted once, not once per replica), and the square root of the total is the
 norm of the whole model's gradient, the same on every rank. The clip factor is
 torch's, max_norm / (norm + 1e-6) capped at 1, so an unsharded model clips as
 `clip_grad_norm_` does (it is then called as is).
+
+A strategy whose ranks already meet in an all-reduce after every step (the
+non-finite agreement, `training/nonfinite.py`) folds the norm into it instead:
+`norm_share` is this rank's part of the squared norm, counting each piece of the
+model once in the world (a replicated piece only at coordinate 0 of the
+dimensions it is replicated over), so the shares summed over all ranks are the
+whole model's squared norm; `clip_to_norm` then scales by it, no collective.
 """
 
 from __future__ import annotations
@@ -29,12 +36,52 @@ def clip_by_global_norm(params: Iterable[torch.nn.Parameter], max_norm: float) -
     if not any(is_dtensor(g) for g in grads):
         return float(torch.nn.utils.clip_grad_norm_(params, max_norm))
     total = global_norm(grads)
-    coef = min(max_norm / (total + 1e-6), 1.0)
-    with torch.no_grad():
-        for grad in grads:
-            local = grad.to_local() if is_dtensor(grad) else grad
-            local.mul_(coef)
+    clip_to_norm(grads, max_norm, total)
     return total
+
+
+def clip_to_norm(grads: Iterable[torch.Tensor], max_norm: float, norm: float) -> None:
+    """Scale `grads` (each rank its local pieces) by torch's clip factor for a global `norm`
+    already known: max_norm / (norm + 1e-6), capped at 1, as a float32 tensor."""
+    pieces = [grad.to_local() if is_dtensor(grad) else grad for grad in grads]
+    if not pieces:
+        return
+    coef = torch.clamp(max_norm / (torch.tensor(norm, dtype=torch.float32) + 1e-6), max=1.0)
+    by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
+    for piece in pieces:
+        by_kind.setdefault((piece.device, piece.dtype), []).append(piece)
+    with torch.no_grad():
+        for (device, _), group in by_kind.items():
+            torch._foreach_mul_(group, coef.to(device))
+
+
+def norm_share(params: Iterable[torch.nn.Parameter], coords: dict[str, int]) -> torch.Tensor:
+    """This rank's share of the global squared norm of `params`' gradients (float64): the
+    squares of its local pieces that no other rank counts. `coords` is this rank's
+    coordinate along each mesh dimension its model is laid out over (sharded or replicated;
+    a pipeline's own dimension excluded: each stage's parameters are its own). A piece
+    counts unless this rank is past coordinate 0 of a dimension the piece is replicated
+    over: every dimension for a plain tensor, those a DTensor's placements replicate or
+    its mesh lacks for a DTensor. Mesh dimensions must be named (shoal's meshes are)."""
+    counted: list[torch.Tensor] = []
+    replica = {dim for dim, coord in coords.items() if coord != 0}
+    for param in params:
+        grad = param.grad
+        if grad is None:
+            continue
+        if is_dtensor(grad):
+            names = grad.device_mesh.mesh_dim_names
+            if names is None:
+                raise ValueError("norm_share: a gradient's device mesh has unnamed dimensions")
+            sharded = {names[d] for d, p in enumerate(grad.placements) if not p.is_replicate()}
+            if replica <= sharded:
+                counted.append(grad.to_local())
+        elif not replica:
+            counted.append(grad)
+    if not counted:
+        return torch.zeros((), dtype=torch.float64)
+    norms = torch._foreach_norm([piece.detach() for piece in counted])
+    return torch.stack(norms).double().pow(2).sum()
 
 
 def global_norm(grads: list[torch.Tensor]) -> float:

@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.training.nonfinite import nonfinite_names
+from shoal.training.nonfinite import Agreement, nonfinite_names
 
 
 class GradientSync(ABC):
@@ -54,6 +54,18 @@ class GradientSync(ABC):
         or Inf this step, the same answer on every rank (collective where the sync is).
         A sync that cannot tell returns {}."""
         return {}
+
+    def norm_share(self) -> torch.Tensor | None:
+        """After `finish()`: this rank's share of the squared global gradient norm, the
+        shares of all ranks adding up to it (`training/clipping.py norm_share`), for a
+        sync whose `agree` carries it; None (the default): the learner takes the norm."""
+        return None
+
+    def agree(self, share: torch.Tensor | None) -> Agreement:
+        """After `finish()`: `nonfinite()` and, given this rank's `norm_share`, the global
+        gradient norm, in as few collectives as the sync can (one where it is overridden:
+        `nonfinite.agree_on_step`). Only `norm_share`'s syncs are given a share."""
+        return Agreement(self.nonfinite())
 
     def describe_rank(self, rank: int) -> str:
         """How a message names `rank` (a pipeline adds its stage)."""

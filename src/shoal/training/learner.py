@@ -25,7 +25,7 @@ from shoal.errors import TrainingHalted
 from shoal.tasks.base import LossOutput, Task
 from shoal.training.balance import BatchShares
 from shoal.training.batching import local_share, micro_batches
-from shoal.training.clipping import clip_by_global_norm, global_norm
+from shoal.training.clipping import clip_by_global_norm, clip_to_norm, global_norm
 from shoal.training.contracts import GradientSync
 from shoal.training.faults import straggle
 from shoal.training.meter import StepStats
@@ -116,7 +116,10 @@ class Learner:
         work_s = comm_started - work_started
         comm_s = self.sync.finish()
         optimizer_started = time.perf_counter()
-        nonfinite = self.sync.nonfinite()
+        clip = self.train.grad_clip_norm
+        want_norm = clip is not None or self._norm_due(global_step)
+        agreed = self.sync.agree(self.sync.norm_share() if want_norm else None)
+        nonfinite = agreed.nonfinite
         if nonfinite and self.train.on_nonfinite == "halt":
             where = f" at step {global_step}" if global_step is not None else ""
             raise TrainingHalted(
@@ -129,10 +132,10 @@ class Learner:
             )
         norm: float | None = None
         if not nonfinite:  # agreed on every rank: the norm's collectives run on all or none
-            if self.train.grad_clip_norm is not None:
-                norm = self.clip(self.train.grad_clip_norm)
-            elif self._norm_due(global_step):
-                norm = self.grad_norm()
+            if clip is not None:
+                norm = self.clip(clip, agreed.norm)
+            elif want_norm:
+                norm = agreed.norm if agreed.norm is not None else self.grad_norm()
             self.optimizer.step()
         self.precision.update(overflowed=bool(nonfinite))
         self.scheduler.step()
@@ -190,12 +193,16 @@ class Learner:
                 sums[name] = sums.get(name, 0) + value.detach()
         return loss_sum, sums, len(local)
 
-    def clip(self, max_norm: float) -> float:
+    def clip(self, max_norm: float, norm: float | None = None) -> float:
         """Clip the gradients by their global norm; returns the norm before clipping. After
         the sync every replica holds the global gradient (or its shard of it: the norm is
-        then summed over the shards, `training/clipping.py`); a pipeline stage holds a part
-        and overrides it."""
-        return clip_by_global_norm(self.model.parameters(), max_norm)
+        then summed over the shards, `training/clipping.py`). `norm`: the global norm,
+        already agreed on with the step's other figures (a sync with a `norm_share`)."""
+        if norm is None:
+            return clip_by_global_norm(self.model.parameters(), max_norm)
+        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
+        clip_to_norm(grads, max_norm, norm)
+        return norm
 
     def grad_norm(self) -> float:
         """The global 2-norm of the gradients, unchanged (collective when they are sharded)."""

@@ -11,12 +11,16 @@ only on that rare path.
 
 The same all-reduce carries each rank's stop request (a SIGTERM or SIGINT it
 received, `runtime/stop.py`), so every rank learns of a stop at the same step
-without a collective of its own.
+without a collective of its own, and, for a model laid out over the ranks (a
+pipeline, a mesh), each rank's share of the squared gradient norm: clipping by
+the global norm then costs no collective of its own either (`agree_on_step`).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
@@ -38,26 +42,54 @@ def nonfinite_names(named: Iterable[tuple[str, torch.Tensor | None]]) -> list[st
     return [name for name, tensor in named if tensor is not None and not is_finite(tensor)]
 
 
+@dataclass(frozen=True)
+class Agreement:
+    """What every rank agreed on after a step's gradients were combined."""
+
+    #: {rank: parameter names} of every rank whose local gradients were not finite
+    nonfinite: dict[int, list[str]]
+    #: the global gradient norm, when each rank gave its share of the squared norm
+    norm: float | None = None
+
+
 def agree_on_nonfinite(local: list[str], device: torch.device) -> dict[int, list[str]]:
     """Collective: {rank: parameter names} of every rank whose local gradients were not finite.
 
     Also agrees on a stop request: the agreed signal is left in `STOP` for the loop."""
+    return agree_on_step(local, device).nonfinite
+
+
+def agree_on_step(
+    local: list[str], device: torch.device, square: torch.Tensor | None = None
+) -> Agreement:
+    """Collective: agree on non-finite gradients and stop requests (`agree_on_nonfinite`)
+    and, when `square` is given, sum each rank's share of the squared gradient norm, in one
+    all-reduce of a float64 vector: a flag and a signal number per rank (exact in float64),
+    then the shares' sum. `square` must be a share such that the shares of all ranks add up
+    to the whole model's squared norm (`training/clipping.py norm_share`)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         STOP.record_agreement([STOP.signum])
-        return {0 if not dist.is_initialized() else dist.get_rank(): local} if local else {}
+        rank = 0 if not dist.is_initialized() else dist.get_rank()
+        norm = None if square is None else math.sqrt(float(square))
+        return Agreement({rank: local} if local else {}, norm)
     rank, world_size = dist.get_rank(), dist.get_world_size()
     comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
-    shared = torch.zeros(2, world_size, dtype=torch.int32, device=comm_device)
-    shared[0, rank] = 1 if local else 0  # row 0: non-finite gradients; row 1: stop signal
-    shared[1, rank] = STOP.signum
+    shared = torch.zeros(2 * world_size + 1, dtype=torch.float64, device=comm_device)
+    shared[rank] = 1.0 if local else 0.0  # the first world_size: non-finite gradients
+    shared[world_size + rank] = float(STOP.signum)  # then the stop signals
+    if square is not None:
+        shared[-1] = square.to(comm_device, torch.float64)
     dist.all_reduce(shared)
-    STOP.record_agreement(shared[1].tolist())
-    flags = shared[0]
-    if not bool(flags.any()):
-        return {}
+    values = shared.tolist()
+    STOP.record_agreement([int(v) for v in values[world_size : 2 * world_size]])
+    norm = None if square is None else math.sqrt(max(values[-1], 0.0))
+    flags = values[:world_size]
+    if not any(flags):
+        return Agreement({}, norm)
     peers = World(rank, world_size, comm_device)
     blobs = gather_bytes(peers, "\n".join(local).encode())
-    return {r: blob.decode().split("\n") for r, blob in enumerate(blobs) if flags[r]}
+    nonfinite = {r: blob.decode().split("\n") for r, blob in enumerate(blobs) if flags[r]}
+    return Agreement(nonfinite, norm)
 
 
 def describe_nonfinite(

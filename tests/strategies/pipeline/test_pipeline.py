@@ -18,7 +18,7 @@ import torch
 import shoal
 from shoal.errors import JobFailed, TrainingHalted
 from tests.conftest import final_state
-from tests.tasks.lm.helpers import lm_job, write_text
+from tests.tasks.lm.helpers import assert_same_norms, lm_job, write_text
 
 MODEL = {"dim": 32, "heads": 4, "layers": 4, "context": 16}
 COMMON: dict[str, Any] = {
@@ -82,6 +82,7 @@ def test_each_schedule_trains_what_local_trains(
     strategy = pipeline(schedule=schedule, **fields)
     result = shoal.train(lm_job(runs, corpus, **COMMON, strategy=strategy, run={"name": "pp"}))
     assert_same_training(final_state(result), final_state(local_run))
+    assert_same_norms(local_run, result)
     assert result["valid"]["loss"] == pytest.approx(local_run["valid"]["loss"], abs=1e-5)
     assert result["train"]["loss"] == pytest.approx(local_run["train"]["loss"], abs=1e-5)
     section = result["pipeline"]

@@ -19,9 +19,10 @@ from shoal.errors import JobFailed, TrainingHalted
 from shoal.monitor.metrics import read_metrics
 from shoal.report import write_report
 from tests.report.page import read_page
-from tests.tasks.lm.helpers import lm_job, write_text
+from tests.tasks.lm.helpers import assert_same_norms, lm_job, write_text
 
 STEPS = 6
+EVERY_STEP = {"log_every_steps": 1}  # the gradient norm of every step in metrics.jsonl
 
 
 def final_model(results: dict[str, Any]) -> dict[str, torch.Tensor]:
@@ -44,7 +45,8 @@ def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def local(tmp_path_factory: pytest.TempPathFactory, text: Path) -> dict[str, Any]:
     runs = tmp_path_factory.mktemp("spmd-local")
-    return shoal.train(lm_job(runs, text, train={"max_steps": STEPS}, run={"name": "local"}))
+    job = lm_job(runs, text, train={"max_steps": STEPS}, run={"name": "local"}, monitor=EVERY_STEP)
+    return shoal.train(job)
 
 
 @pytest.mark.parametrize(
@@ -61,11 +63,13 @@ def local(tmp_path_factory: pytest.TempPathFactory, text: Path) -> dict[str, Any
 def test_equals_local(
     strategy: dict[str, Any], local: dict[str, Any], text: Path, tmp_path: Path
 ) -> None:
-    results = shoal.train(
-        lm_job(tmp_path / "runs", text, strategy=strategy, train={"max_steps": STEPS})
+    job = lm_job(
+        tmp_path / "runs", text, strategy=strategy, train={"max_steps": STEPS}, monitor=EVERY_STEP
     )
+    results = shoal.train(job)
     assert results["steps"] == STEPS and results["strategy"] == strategy["type"]
     assert_same(final_model(local), final_model(results), atol=2e-5)
+    assert_same_norms(local, results)
     assert results["valid"]["loss"] == pytest.approx(local["valid"]["loss"], abs=1e-4)
     ranks = results["memory"]["per_rank"]
     assert len(ranks) == results["world_size"]

@@ -21,7 +21,7 @@ from shoal.errors import JobFailed, TrainingHalted
 from shoal.monitor.metrics import read_metrics
 from shoal.runtime.roles import RankRoles
 from tests.strategies.spmd.test_equivalence import assert_same, final_model
-from tests.tasks.lm.helpers import lm_job, write_text
+from tests.tasks.lm.helpers import assert_same_norms, lm_job, write_text
 
 COMMON: dict[str, Any] = {
     "train": {
@@ -33,6 +33,7 @@ COMMON: dict[str, Any] = {
         "grad_clip_norm": 0.5,
     },
     "task": {"model": {"dim": 32, "heads": 4, "layers": 4, "context": 16}},
+    "monitor": {"log_every_steps": 1},
 }
 
 
@@ -93,6 +94,7 @@ def test_equals_local(
     world = math.prod(strategy["mesh"].values())
     assert results["steps"] == 4 and results["world_size"] == world
     assert_same(final_model(local), final_model(results), atol=2e-5)
+    assert_same_norms(local, results)
     assert results["valid"]["loss"] == pytest.approx(local["valid"]["loss"], abs=1e-5)
     assert results["train"]["loss"] == pytest.approx(local["train"]["loss"], abs=1e-5)
     section = results["pipeline"]

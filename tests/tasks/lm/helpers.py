@@ -5,6 +5,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+from shoal.monitor.metrics import read_metrics
 from tests.conftest import small_job
 
 # a few hundred characters that repeat, so a tiny model learns them within a few dozen steps
@@ -39,3 +42,16 @@ def lm_job(runs: Path, text: Path, **sections: Any) -> dict[str, Any]:
     }
     train.update(sections.pop("train", {}))
     return small_job(runs, task=task, train=train, **sections)
+
+
+def assert_same_norms(a: dict[str, Any], b: dict[str, Any]) -> None:
+    """Both runs logged the same global gradient norms (before clipping, at every logged
+    step): the sharded layouts fold each rank's share of it into the step's agreement."""
+
+    def norms(results: dict[str, Any]) -> list[float]:
+        records = read_metrics(Path(results["run_dir"]) / "metrics.jsonl")
+        return [r["grad_norm"] for r in records if r["event"] == "train"]
+
+    expected = norms(a)
+    assert expected and all(n > 0.5 for n in expected), "clipping at 0.5 must bite"
+    assert norms(b) == pytest.approx(expected, rel=1e-5)

@@ -1,11 +1,12 @@
 """A pipeline rank's learner: its stages under torch's schedule, the rest as every learner.
 
 :class:`PipelineLearner` is the step's :class:`~shoal.training.learner.Learner`
-with two hooks replaced: the forward and backward of the step's micro-batches
-is one `schedule.step` over this rank's stages, and clipping takes the global
-norm across the stages (each rank's squared norm, all-reduced). Mixed
-precision, the non-finite halt, the optimizer, warm-up and decay are the
-learner's own, unchanged.
+with one hook replaced: the forward and backward of the step's micro-batches
+is one `schedule.step` over this rank's stages. Clipping takes the global
+norm across the stages from the sync: each rank's squared norm rides on the
+non-finite agreement's all-reduce (`PipelineSync.agree`), no collective of its
+own. Mixed precision, the non-finite halt, the optimizer, warm-up and decay
+are the learner's own, unchanged.
 
 Equivalence with `local`: every rank takes the whole global batch; each
 micro-batch's loss is the task's loss sum divided by the global batch (times
@@ -51,12 +52,12 @@ from shoal.strategies.pipeline.stages import (
     stage_indices,
 )
 from shoal.tasks.base import LossOutput, Task
-from shoal.training.clipping import global_norm
+from shoal.training.clipping import norm_share
 from shoal.training.contracts import GradientSync, unscale_local_grads
 from shoal.training.faults import straggle
 from shoal.training.learner import Learner
 from shoal.training.meter import StepStats
-from shoal.training.nonfinite import agree_on_nonfinite
+from shoal.training.nonfinite import Agreement, agree_on_step
 from shoal.training.optim import build_optimizer, build_scheduler
 from shoal.training.steps import LocalModel
 
@@ -116,7 +117,16 @@ class PipelineSync(GradientSync):
 
     def nonfinite(self) -> dict[int, list[str]]:
         """Collective (it also carries the stop agreement)."""
-        return agree_on_nonfinite(self._nonfinite, self.ctx.device)
+        return self.agree(None).nonfinite
+
+    def norm_share(self) -> torch.Tensor:
+        """The squares of this rank's gradients: each parameter lives on one rank."""
+        return norm_share((param for _, param in self.named), {})
+
+    def agree(self, share: torch.Tensor | None) -> Agreement:
+        """Collective: one all-reduce over the world for the non-finite and stop agreement
+        and the global norm (the stages' shares summed)."""
+        return agree_on_step(self._nonfinite, self.ctx.device, share)
 
     def describe_rank(self, rank: int) -> str:
         return describe_stage_rank(rank, self.ranks, self.local)
@@ -305,39 +315,6 @@ class StageLearner(Learner):
                 return forward(*args, **kwargs)
 
         return run
-
-    def clip(self, max_norm: float) -> float:
-        """By the norm of the whole model's gradient (`grad_norm`); returns that norm.
-        Gradients sharded inside a stage are scaled piece by piece."""
-        norm = self.grad_norm()
-        scaled = torch.tensor(norm, dtype=torch.float32, device=self.device)
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        if not any(isinstance(grad, DTensor) for grad in grads):
-            torch.nn.utils.clip_grads_with_norm_(self.model.parameters(), max_norm, scaled)
-            return norm
-        coef = torch.clamp(max_norm / (scaled + 1e-6), max=1.0)
-        with torch.no_grad():
-            for grad in grads:
-                (grad.to_local() if isinstance(grad, DTensor) else grad).mul_(coef)
-        return norm
-
-    def grad_norm(self) -> float:
-        """Collective: each rank's squared norm, summed over the pipeline's ranks (computed
-        as torch's clip_grad_norm_ does, per tensor then overall). Gradients sharded inside
-        a stage (a hybrid mesh's tensor or sharded data dimension) count their pieces once
-        (`training/clipping.py`)."""
-        grads = [p.grad for p in self.model.parameters() if p.grad is not None]
-        square = torch.zeros((), dtype=torch.float64)
-        for grad in grads:
-            if not isinstance(grad, DTensor):
-                square += torch.linalg.vector_norm(grad, 2).double().cpu() ** 2
-        sharded: list[torch.Tensor] = [g for g in grads if isinstance(g, DTensor)]
-        if sharded:
-            square += global_norm(sharded) ** 2
-        total = torch.tensor([float(square)], dtype=torch.float64, device=self.ctx.comm_device)
-        if self.ctx.distributed and self.ctx.world_size > 1:
-            dist.all_reduce(total, group=self.group)
-        return float(total.sqrt().to(torch.float32))
 
     # ------------------------------------------------------------ the full model
     def refresh(self) -> None:

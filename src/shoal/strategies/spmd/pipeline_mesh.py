@@ -76,6 +76,10 @@ class MeshPipelineSync(PipelineSync):
         self.grads.finish()
         return self.grads.found
 
+    def norm_share(self) -> torch.Tensor:
+        """The stage's pieces no other rank of its data and tensor dimensions counts."""
+        return self.grads.norm_share()
+
     def describe_rank(self, rank: int) -> str:
         return describe_mesh_rank(self.roles, rank)
 

@@ -14,7 +14,9 @@ mesh is synced by this same class over its own blocks (`pipeline_mesh.py`).
 
 Non-finite gradients are found on each rank's local pieces, before the
 replicated reduction (so the rank at fault is named), after FSDP's (the rank
-whose shard holds them), and named with the rank's mesh coordinates.
+whose shard holds them), and named with the rank's mesh coordinates. Their
+agreement's all-reduce also sums each rank's share of the squared gradient
+norm, so clipping by the global norm adds no collective.
 """
 
 from __future__ import annotations
@@ -30,8 +32,9 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
 from torch.distributed.tensor import DTensor, Partial, Replicate
 
+from shoal.training.clipping import norm_share
 from shoal.training.contracts import GradientSync
-from shoal.training.nonfinite import agree_on_nonfinite, nonfinite_names
+from shoal.training.nonfinite import Agreement, agree_on_step, nonfinite_names
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
@@ -52,6 +55,10 @@ class SpmdGradientSync(GradientSync):
         self.where = where  # "data 0, tensor 1": this rank's coordinates
         self.fsdp = model if isinstance(model, FSDPModule) else None
         self.data_group = mesh["data"].get_group() if replicated_data and "data" in dims else None
+        # this rank's coordinate along each dimension the model is laid out over (`norm_share`)
+        names = mesh.mesh_dim_names or ()
+        coordinate = list(mesh.get_coordinate() or ())
+        self.coords = {name: coordinate[names.index(name)] for name in dims if name in names}
         self.buckets = _blocks(model) if self.data_group is not None else []
         self._nonfinite: list[str] = []
         self._comm_s = 0.0
@@ -92,7 +99,16 @@ class SpmdGradientSync(GradientSync):
         return self._nonfinite
 
     def nonfinite(self) -> dict[int, list[str]]:
-        return agree_on_nonfinite(self._nonfinite, next(self.model.parameters()).device)
+        return self.agree(None).nonfinite
+
+    def norm_share(self) -> torch.Tensor:
+        """The squares of the local pieces no other rank counts (`clipping.norm_share`)."""
+        return norm_share((param for _, param in self.named), self.coords)
+
+    def agree(self, share: torch.Tensor | None) -> Agreement:
+        """Collective: the non-finite and stop agreement and the global norm in one
+        all-reduce (clipping then needs none over the tensor or data dimension)."""
+        return agree_on_step(self._nonfinite, next(self.model.parameters()).device, share)
 
     def bytes_per_step(self) -> int:
         """Bytes of this rank's local gradients (what the data dimension reduces)."""
