@@ -9,7 +9,6 @@ import torch
 
 from shoal.training.batching import (
     EpochPlan,
-    chunk_share,
     local_share,
     micro_batches,
     steps_per_epoch,
@@ -69,14 +68,19 @@ def test_linear_and_constant_schedules() -> None:
 
 
 @pytest.mark.parametrize(("size", "chunk"), [(32, 4), (31, 4), (10, 16), (7, 1)])
-def test_chunk_shares_are_whole_chunks_of_the_batch_on_any_world_size(
+def test_shares_and_micro_batches_are_whole_units_of_the_batch_on_any_world_size(
     size: int, chunk: int
 ) -> None:
-    """Every sample once, in order, and every share starts on a chunk of the whole batch."""
+    """Every sample once, in order, and every share (and micro-batch) starts on a unit of
+    the whole batch."""
     batch = torch.randperm(100)[:size]
     for world_size in (1, 2, 3, 5):
-        shares = [chunk_share(batch, r, world_size, chunk) for r in range(world_size)]
-        assert torch.equal(torch.cat(shares), batch)
-        starts = [sum(len(s) for s in shares[:r]) for r in range(world_size) if len(shares[r])]
-        assert all(start % chunk == 0 for start in starts)
-    assert [len(chunk_share(torch.arange(32), r, 3, 4)) for r in range(3)] == [12, 12, 8]
+        for split in (
+            [local_share(batch, r, world_size, chunk) for r in range(world_size)],
+            micro_batches(batch, world_size, chunk),
+        ):
+            assert torch.equal(torch.cat(split), batch)
+            starts = [sum(len(s) for s in split[:r]) for r in range(world_size) if len(split[r])]
+            assert all(start % chunk == 0 for start in starts)
+    assert [len(local_share(torch.arange(32), r, 3, 4)) for r in range(3)] == [12, 12, 8]
+    assert [len(p) for p in micro_batches(torch.arange(32), 3, 8)] == [16, 8, 8]

@@ -85,6 +85,13 @@ class Task(ABC):
     def build_model(self) -> nn.Module:
         """A freshly initialized model (the caller seeds the generators first)."""
 
+    @property
+    def batch_unit(self) -> int:
+        """Consecutive samples of a batch that belong together (a chunk of KGE positives
+        sharing its negatives): a batch is split among ranks and micro-batches in whole
+        units, counted from its start, so any split trains what one process does."""
+        return 1
+
     @abstractmethod
     def train_batch(self, indices: torch.Tensor) -> Any:
         """The training samples at `indices`, on the worker's device."""

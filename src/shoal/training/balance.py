@@ -95,11 +95,12 @@ class BatchShares:
         self.plans = 0
         self._samples, self._work_s, self._steps = 0, 0.0, 0
 
-    def local(self, global_batch: torch.Tensor) -> torch.Tensor:
-        """This rank's contiguous slice of `global_batch` under the current plan."""
-        counts = split_counts(len(global_batch), self.fractions)
-        start = sum(counts[: self.ctx.rank])
-        return global_batch[start : start + counts[self.ctx.rank]]
+    def local(self, global_batch: torch.Tensor, unit: int = 1) -> torch.Tensor:
+        """This rank's contiguous slice of `global_batch` under the current plan, in whole
+        `unit`s of samples (`Task.batch_unit`)."""
+        counts = split_counts(-(-len(global_batch) // unit), self.fractions)
+        start = sum(counts[: self.ctx.rank]) * unit
+        return global_batch[start : start + counts[self.ctx.rank] * unit]
 
     def observe(self, samples: int, work_s: float) -> bool:
         """One step's figures of this rank; every `every` steps a collective re-plan (the

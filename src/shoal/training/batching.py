@@ -44,21 +44,20 @@ def steps_per_epoch(num_samples: int, batch_size: int, drop_last: bool) -> int:
     return num_samples // batch_size if drop_last else math.ceil(num_samples / batch_size)
 
 
-def local_share(global_batch: torch.Tensor, rank: int, world_size: int) -> torch.Tensor:
-    """This rank's contiguous slice of a global batch (possibly empty)."""
-    return global_batch[rank_slice(len(global_batch), rank, world_size)]
+def local_share(
+    global_batch: torch.Tensor, rank: int, world_size: int, unit: int = 1
+) -> torch.Tensor:
+    """This rank's contiguous slice of a global batch (possibly empty), made of whole `unit`s
+    of it (runs of `unit` samples counted from the batch's start; the last may be short).
+    Samples that share something by their place in the batch (a chunk of KGE positives
+    shares its negatives, keyed by the chunk's first sample: `Task.batch_unit`) then share
+    it on any number of ranks, as in one process: the batch splits into the same units
+    whatever the world size."""
+    units = rank_slice(-(-len(global_batch) // unit), rank, world_size)
+    return global_batch[units.start * unit : units.stop * unit]
 
 
-def chunk_share(global_batch: torch.Tensor, rank: int, world_size: int, chunk: int) -> torch.Tensor:
-    """This rank's contiguous slice of a global batch made of whole `chunk`s of it (counted
-    from the batch's start; the last may be short), possibly empty. Samples that share
-    something by their place in the batch (a chunk of KGE positives shares its negatives,
-    keyed by the chunk's first sample) then share it on any number of ranks, as in one
-    process: the batch splits into the same chunks whatever the world size."""
-    chunks = rank_slice(-(-len(global_batch) // chunk), rank, world_size)
-    return global_batch[chunks.start * chunk : chunks.stop * chunk]
-
-
-def micro_batches(indices: torch.Tensor, count: int) -> list[torch.Tensor]:
-    """Split into `count` near-equal micro-batches (some empty when there are few indices)."""
-    return list(torch.tensor_split(indices, count))
+def micro_batches(indices: torch.Tensor, count: int, unit: int = 1) -> list[torch.Tensor]:
+    """Split into `count` near-equal micro-batches of whole `unit`s (`local_share`), some
+    empty when there are few indices."""
+    return [local_share(indices, index, count, unit) for index in range(count)]

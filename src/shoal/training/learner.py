@@ -98,10 +98,11 @@ class Learner:
         """
         started = time.perf_counter()
         self._data_s = 0.0
+        unit = self.task.batch_unit
         if self.shares is not None:
-            local = self.shares.local(global_batch)
+            local = self.shares.local(global_batch, unit)
         else:
-            local = local_share(global_batch, *self.share)
+            local = local_share(global_batch, *self.share, unit)
         scale = 1.0 / len(global_batch)
         loss_scale = self.precision.loss_scale
         self.sync.zero_grad()
@@ -172,7 +173,7 @@ class Learner:
         stage overrides it: its schedule runs the micro-batches over the stages."""
         loss_sum = torch.zeros((), device=self.device)
         sums: dict[str, torch.Tensor] = {}
-        parts = micro_batches(local, self.train.micro_batches)
+        parts = micro_batches(local, self.train.micro_batches, self.task.batch_unit)
         for index, part in enumerate(parts):
             with self.sync.accumulate(last=index == len(parts) - 1):
                 if len(part) == 0:

@@ -84,16 +84,26 @@ def test_nations_reaches_a_high_filtered_mrr(runs: Path) -> None:
     assert results["test"]["mrr"] > 0.6 and results["test"]["hits@3"] > 0.7
 
 
-def test_data_parallel_reproduces_one_process(runs: Path, graph: dict[str, str]) -> None:
-    """Negatives are drawn per sample, so 2 workers (16 positives each, 2 chunks of 8) draw
-    exactly what 1 process draws; gradients sum over workers: the same parameters."""
+@pytest.mark.parametrize(
+    ("workers", "micro"),
+    [(2, 1), (3, 2)],
+    ids=["2-workers", "3-workers-2-micro-batches"],
+)
+def test_data_parallel_reproduces_one_process(
+    runs: Path, graph: dict[str, str], workers: int, micro: int
+) -> None:
+    """A chunk of 8 positives shares its negatives, keyed by the chunk's first sample, and a
+    batch of 32 is split among workers and micro-batches in whole chunks (16 + 8 + 8 over 3
+    workers, not 11 + 11 + 10), so N workers draw exactly what 1 process draws; gradients
+    sum over workers: the same parameters."""
     sections: dict[str, Any] = {
         "task": {"model": MODELS["complex"], "negatives": {"num_negatives": 8, "chunk_size": 8}},
         "train": {"epochs": 3, "drop_last": True, "eval_every_epochs": 0},
     }
     local = shoal.train(kge_job(runs, graph, **sections))
-    spread = shoal.train(kge_job(runs, graph, strategy=data_parallel(2), **sections))
-    assert spread["world_size"] == 2 and spread["steps"] == local["steps"] == 18
+    sections["train"]["micro_batches"] = micro
+    spread = shoal.train(kge_job(runs, graph, strategy=data_parallel(workers), **sections))
+    assert spread["world_size"] == workers and spread["steps"] == local["steps"] == 18
     a, b = final_state(local)["model"], final_state(spread)["model"]
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)

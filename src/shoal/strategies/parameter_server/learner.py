@@ -30,7 +30,7 @@ from shoal.strategies.parameter_server.config import ParameterServerStrategyConf
 from shoal.strategies.parameter_server.wire import Op
 from shoal.tasks.base import LossOutput
 from shoal.tasks.kge.task import KGETask
-from shoal.training.batching import EpochPlan, chunk_share, steps_per_epoch
+from shoal.training.batching import EpochPlan, local_share, steps_per_epoch
 from shoal.training.contracts import GradientSync
 from shoal.training.meter import StepStats
 
@@ -184,8 +184,7 @@ class ServerLearner:
         """Read the batch (timed as the step's data phase) and ask for its rows."""
         started = time.perf_counter()
         # whole chunks of negatives: the same negatives on any number of workers (elastic)
-        chunk = self.task.config.negatives.chunk_size
-        batch = self.task.train_batch(chunk_share(global_batch, *self.share, chunk))
+        batch = self.task.train_batch(local_share(global_batch, *self.share, self.task.batch_unit))
         entity_ids, relation_ids = self.task.rows_touched(batch)
         self._data_s += time.perf_counter() - started
         return batch, self.client.pull(entity_ids, relation_ids, step)

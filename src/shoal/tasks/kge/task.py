@@ -125,6 +125,11 @@ class KGETask(Task):
     def set_epoch(self, epoch: int) -> None:
         self.training.set_epoch(epoch)
 
+    @property
+    def batch_unit(self) -> int:
+        """A chunk of positives shares one set of negatives, keyed by its first sample."""
+        return self.config.negatives.chunk_size
+
     def train_batch(self, indices: torch.Tensor) -> dict[str, Any]:
         return self.training.batch(indices, self.ctx.device)
 
