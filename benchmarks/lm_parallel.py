@@ -32,6 +32,7 @@ import os
 import resource
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -444,12 +445,11 @@ def spmd_rows(args: argparse.Namespace) -> None:
         for name, strategy, layout in SPMD_ROWS:
             if args.only and args.only not in name:
                 continue
-            mine_rounds, plain_rounds = [], []
-            for _ in range(args.rounds):
-                mine_rounds.append(spmd_shoal_row(args, strategy, scratch))
-                plain_rounds.append(plain_spmd_row(args, name, layout, scratch))
-            mine = _median_row(mine_rounds)
-            plain = _median_row(plain_rounds)
+            mine, plain, rounds = alternate(
+                args.rounds,
+                lambda: spmd_shoal_row(args, strategy, scratch),  # noqa: B023 - called at once
+                lambda: plain_spmd_row(args, name, layout, scratch),  # noqa: B023
+            )
             ratio = mine["tokens_s"] / plain["tokens_s"]
             print(
                 f"| {name} | {mine['tokens_s']:.0f} | {plain['tokens_s']:.0f} | {ratio:.2f} | "
@@ -459,15 +459,26 @@ def spmd_rows(args: argparse.Namespace) -> None:
                 flush=True,
             )
             if args.rounds > 1:
-                print(
-                    f"  {name} by round, shoal / plain tokens/s: "
-                    + ", ".join(
-                        f"{a['tokens_s']:.0f} / {b['tokens_s']:.0f}"
-                        for a, b in zip(mine_rounds, plain_rounds, strict=True)
-                    )
-                    + (f"; shoal's partition {mine['partition']}" if "partition" in mine else ""),
-                    flush=True,
+                partition = (
+                    f"; shoal's partition {mine['partition']}" if "partition" in mine else ""
                 )
+                print(f"  {name} by round, shoal / plain tokens/s: {rounds}{partition}", flush=True)
+
+
+def alternate(
+    rounds: int, mine: Callable[[], dict[str, Any]], plain: Callable[[], dict[str, Any]]
+) -> tuple[dict[str, Any], dict[str, Any], str]:
+    """`rounds` runs of shoal's row and the plain script's, alternately: each side's median
+    round, and every round's tokens/s ('shoal / plain, ...')."""
+    mine_rounds, plain_rounds = [], []
+    for _ in range(rounds):
+        mine_rounds.append(mine())
+        plain_rounds.append(plain())
+    each = ", ".join(
+        f"{a['tokens_s']:.0f} / {b['tokens_s']:.0f}"
+        for a, b in zip(mine_rounds, plain_rounds, strict=True)
+    )
+    return _median_row(mine_rounds), _median_row(plain_rounds), each
 
 
 def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
@@ -481,7 +492,7 @@ def main() -> None:
     parser.add_argument("--rows", choices=("pipeline", "spmd"), default="pipeline")
     parser.add_argument("--only", default="", help="spmd rows whose name contains this")
     parser.add_argument(
-        "--rounds", type=int, default=1, help="spmd rows: runs of each, alternating; the median"
+        "--rounds", type=int, default=1, help="runs of each row, alternating; the median"
     )
     parser.add_argument(
         "--phases", action="store_true", help="spmd rows: print each rank's time per step phase"
@@ -504,8 +515,11 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for schedule in ("gpipe", "1f1b", "interleaved_1f1b"):
             for m in (4, 8):
-                mine = shoal_row(args, schedule, m, scratch)
-                plain = plain_row(args, schedule, m, scratch)
+                mine, plain, rounds = alternate(
+                    args.rounds,
+                    lambda: shoal_row(args, schedule, m, scratch),  # noqa: B023 - called at once
+                    lambda: plain_row(args, schedule, m, scratch),  # noqa: B023
+                )
                 ratio = mine["tokens_s"] / plain["tokens_s"]
                 print(
                     f"| {schedule} | {m} | {mine['tokens_s']:.0f} | {plain['tokens_s']:.0f} | "
@@ -514,6 +528,10 @@ def main() -> None:
                     f"{mine['bubble']:.2f} | {mine['theory']:.2f} |",
                     flush=True,
                 )
+                if args.rounds > 1:
+                    print(
+                        f"  {schedule} {m} by round, shoal / plain tokens/s: {rounds}", flush=True
+                    )
 
 
 if __name__ == "__main__":
