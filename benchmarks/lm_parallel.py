@@ -170,7 +170,8 @@ def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, sto
 
 
 def plain_row(args: argparse.Namespace, schedule: str, m: int, scratch: str) -> dict[str, Any]:
-    store = os.path.join(scratch, f"store-{schedule}-{m}")
+    # a fresh folder each run: a FileStore left by an earlier round holds its stale addresses
+    store = os.path.join(tempfile.mkdtemp(dir=scratch), f"store-{schedule}-{m}")
     mp.start_processes(
         plain_worker, args=(args, schedule, m, store), nprocs=2, start_method="spawn"
     )
