@@ -34,7 +34,7 @@ from shoal.launch.environment import ExternalLaunch
 from shoal.launch.hostwatch import HostWatch, StoreAddress, end_process
 from shoal.launch.job import run_job
 from shoal.launch.network import resolve_bind, use_for_gloo
-from shoal.launch.plan import JobPlan
+from shoal.launch.plan import JobPlan, fit_plan
 from shoal.launch.process_group import join_process_group, shutdown_process_group
 from shoal.launch.reports import is_communication_error, write_report
 from shoal.monitor.logs import close_logger, worker_logger
@@ -93,6 +93,8 @@ def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
 def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
     placement = launch.placement
     rank, world_size = placement.rank, placement.world_size
+    described = plan.world_size, strategy_class(plan.config.strategy).members(plan.config)
+    plan, fitted = fit_plan(plan, world_size)  # roles for the processes started (a host lost)
     config = plan.config
     binding = resolve_bind(config.run.bind, launch.master_addr)
     use_for_gloo(binding)
@@ -158,13 +160,15 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             binding.describe(),
             hosts.describe(),
         )
-        if rank == 0 and plan.world_size != world_size:
+        if rank == 0 and described[0] != world_size:
             log.warning(
-                "the config describes %d worker processes, %s started %d: the job runs on %d",
-                plan.world_size,
+                "the config describes %d worker processes%s, %s started %d: the job runs on %d%s",
+                described[0],
+                _roles(described[1]),
                 launch.launcher,
                 world_size,
                 world_size,
+                _roles(strategy_class(config.strategy).members(config)) if fitted else "",
             )
         if changed.get("line"):
             log.warning("%s", changed["line"])
@@ -227,6 +231,14 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         shutdown_process_group(graceful=not failed)
         held.close()
         del store
+
+
+def _roles(members: dict[str, int]) -> str:
+    """' (2 workers, 1 server)' for a job of several roles; '' for workers alone."""
+    if list(members) == ["workers"]:
+        return ""
+    named = (f"{n} {role.removesuffix('s') if n == 1 else role}" for role, n in members.items())
+    return " (" + ", ".join(named) + ")"
 
 
 def _drawn_signer(peers: World) -> Signer:

@@ -10,7 +10,7 @@ so a resume that fails leaves the run as it was.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shoal.checkpoint.atomic import atomic_write_bytes
@@ -117,6 +117,16 @@ def plan_job(
         str(checkpoint) if checkpoint is not None else None,
         allow_changes,
     )
+
+
+def fit_plan(plan: JobPlan, world_size: int) -> tuple[JobPlan, list[str]]:
+    """The plan for `world_size` processes, as another launcher (torchrun) started them,
+    with the `--set` items that made it (`Strategy.fit_world`; none: the plan as it is)."""
+    cls = strategy_class(plan.config.strategy)
+    extra = cls.fit_world(plan.config, world_size, strategy_section(plan.config))
+    if not extra:
+        return plan, []
+    return replace(plan, config=load_config(plan.config, extra), world_size=world_size), extra
 
 
 def create_run(plan: JobPlan) -> RunPaths:

@@ -172,6 +172,6 @@ def check_membership(
             "on every host to allow it"
         )
     return (
-        f"torchrun started the job again (restarts {restart}): it {how} {now} workers from "
-        f"{was}{floor}, resumed at step {step}{same}{grow}"
+        f"torchrun started the job again (restarts {restart}): it {how} {now} "
+        f"worker{'' if now == 1 else 's'} from {was}{floor}, resumed at step {step}{same}{grow}"
     )

@@ -122,6 +122,14 @@ class Strategy(ABC):
         return world_size
 
     @classmethod
+    def fit_world(cls, config: ShoalConfig, world_size: int, section: str) -> list[str]:
+        """The `--set` items that make `config` describe `world_size` processes, as another
+        launcher (torchrun, Slurm) started them: a host lost or back. [] (the default): the
+        roles follow the world as it is (every rank a replica), or it already matches; a
+        strategy whose config names its roles (the parameter server) overrides it."""
+        return []
+
+    @classmethod
     def without_rank(cls, config: ShoalConfig, rank: int, section: str) -> Shrink | None:
         """The job without `rank`, given up (`[faults] min_workers`, an `elastic` strategy):
         one worker fewer, the same global batch. None: that would go below the floor (the

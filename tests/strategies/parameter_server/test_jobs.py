@@ -4,6 +4,7 @@ the worker memory bound, and every model and sampling scheme."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -14,12 +15,16 @@ import torch
 
 import shoal
 from shoal.config import load_config
-from shoal.errors import JobFailed, ShoalError
+from shoal.errors import ConfigError, JobFailed, ShoalError
 from shoal.launch.external import _membership
+from shoal.launch.plan import JobPlan, fit_plan
 from shoal.run import RunPaths
 from shoal.strategies.parameter_server.shards import SHARD_GLOB
+from shoal.strategies.parameter_server.strategy import ParameterServerStrategy
 from tests.conftest import final_state
+from tests.hostile.jobs import finish
 from tests.recovery.chaos import events
+from tests.recovery.test_torchrun import TORCHRUN, _torchrun
 from tests.tasks.kge.planted import random_mrr, write_planted_graph
 from tests.tasks.kge.test_training import kge_job
 
@@ -325,3 +330,88 @@ def test_a_torchrun_restart_counts_workers_as_the_checkpoint_does(
     launch = SimpleNamespace(restart=1, agent_store=False)
     assert _membership(plan, launch, True, 4, paths, done["checkpoint"]) is None  # type: ignore[arg-type]
     assert not [e for e in events(paths.root) if e["event"] == "membership"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "min_workers", "world", "expected"),
+    [
+        ({"num_workers": 3, "num_servers": 2}, 0, 4, {"workers": 2, "servers": 2}),
+        ({"num_workers": 3, "num_servers": 2}, 2, 3, {"workers": 2, "servers": 1}),
+        ({"num_workers": 2, "num_servers": 1}, 0, 5, {"workers": 4, "servers": 1}),
+        (
+            {"num_workers": 3, "num_servers": 3, "placement": "colocated"},
+            0,
+            2,
+            {"workers": 2, "servers": 2},
+        ),
+    ],
+    ids=["servers-stay", "min-workers-first", "grown", "colocated"],
+)
+def test_the_roles_fit_the_processes_torchrun_started(
+    runs: Path,
+    graph: dict[str, str],
+    fields: dict[str, Any],
+    min_workers: int,
+    world: int,
+    expected: dict[str, int],
+) -> None:
+    """A host lost (or back) under torchrun: the dedicated servers stay while enough ranks
+    are left for faults.min_workers workers, workers fill the rest; colocated: every
+    process a worker, no more servers than workers."""
+    faults = {"min_workers": min_workers} if min_workers else {}
+    config = load_config(job(runs, graph, "fit", strategy=ps(**fields), faults=faults))
+    fitted, extra = fit_plan(JobPlan(config, config.strategy.world_size, False, "fit"), world)  # type: ignore[union-attr]
+    assert extra and fitted.world_size == world
+    assert ParameterServerStrategy.members(fitted.config) == expected
+    assert fit_plan(fitted, world)[1] == []  # fitted already
+
+
+def test_too_few_processes_for_the_servers_is_one_line(runs: Path, graph: dict[str, str]) -> None:
+    config = load_config(job(runs, graph, "few", strategy=ps(num_servers=2, min_servers=2)))
+    with pytest.raises(ConfigError, match=r"needs strategy.min_servers \(2\) dedicated servers"):
+        fit_plan(JobPlan(config, 4, False, "few"), 2)
+
+
+def test_a_torchrun_restart_on_fewer_processes_goes_on_with_fewer_workers(
+    runs: Path, graph: dict[str, str]
+) -> None:
+    """A checkpoint of 2 workers and 2 servers, torchrun started again on 3 processes (a host
+    lost): the roles fit (1 worker, 2 servers) and the membership line counts workers."""
+    strategy = ps(placement="dedicated")
+    done = shoal.train(job(runs, graph, "torchrun-fewer", strategy=strategy))
+    paths = RunPaths(Path(done["run_dir"]))
+    config = load_config(paths.config, ["faults.min_workers=1"])
+    plan, _ = fit_plan(JobPlan(config, 4, False, "fewer"), 3)
+    launch = SimpleNamespace(restart=1, agent_store=False)
+    line = _membership(plan, launch, True, 3, paths, done["checkpoint"])  # type: ignore[arg-type]
+    assert line is not None and "goes on with 1 worker from 2 (faults.min_workers = 1)" in line, (
+        line
+    )
+    [record] = [e for e in events(paths.root) if e["event"] == "membership"]
+    assert (record["workers"], record["was"]) == (1, 2)
+
+
+@pytest.mark.skipif(not TORCHRUN.exists(), reason="torchrun not installed next to this python")
+def test_torchrun_on_fewer_processes_than_the_config_fits_the_roles(
+    runs: Path, graph: dict[str, str], tmp_path: Path
+) -> None:
+    """The config describes 2 workers and 1 dedicated server, torchrun starts 2 processes:
+    the job runs with 1 worker and 1 server, says so, and trains what shoal's own launcher
+    trains with 1 worker and 1 server (the same tables, bit for bit)."""
+    sections: dict[str, Any] = {"train": {"drop_last": True}}
+    alone = shoal.train(
+        job(runs, graph, "one", strategy=ps(num_workers=1, num_servers=1), **sections)
+    )
+    config = job(runs, graph, "fit", strategy=ps(num_workers=2, num_servers=1), **sections)
+    code, _, err = finish(_torchrun(tmp_path, config), timeout=240)
+    assert code == 0, err[-3000:]
+    log = (runs / "fit" / "logs" / "rank-0.log").read_text()
+    assert (
+        "the config describes 3 worker processes (2 workers, 1 server), torchrun started 2: "
+        "the job runs on 2 (1 worker, 1 server)"
+    ) in log
+    results = json.loads((runs / "fit" / "results.json").read_text())
+    assert results["steps"] == alone["steps"]
+    a, b = ps_tables(results), ps_tables(alone)
+    for name in a:
+        assert torch.equal(a[name], b[name]), name

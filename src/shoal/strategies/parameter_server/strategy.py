@@ -115,6 +115,35 @@ class ParameterServerStrategy(Strategy):
         return world_size - (c.num_servers if c.placement == "dedicated" else 0)
 
     @classmethod
+    def fit_world(cls, config: ShoalConfig, world_size: int, section: str) -> list[str]:
+        """The roles of `world_size` processes (torchrun's world after a host was lost or
+        came back). Dedicated: the configured servers stay while enough ranks are left for
+        `max(1, faults.min_workers)` workers (else fewer servers, down to
+        `strategy.min_servers`), and workers fill the rest; colocated: every process is a
+        worker, with at most as many servers. Resuming re-shards the tables over the servers
+        (`load_shards`); a worker's share is whole chunks, so any count trains the same."""
+        c = config.strategy
+        assert isinstance(c, ParameterServerStrategyConfig)
+        if world_size == c.world_size:
+            return []
+        if c.placement == "colocated":
+            workers, servers = world_size, min(c.num_servers, world_size)
+        else:
+            needed = max(1, config.faults.min_workers)
+            servers = max(min(c.num_servers, world_size - needed), c.min_servers)
+            workers = world_size - servers
+            if workers < 1:
+                raise ConfigError(
+                    f"{section}: {world_size} processes started, and a parameter-server job "
+                    f"needs strategy.min_servers ({c.min_servers}) dedicated servers and a "
+                    f"worker; start at least {c.min_servers + 1}"
+                )
+        overrides = [f"{section}.num_workers={workers}", f"{section}.num_servers={servers}"]
+        if c.min_servers > servers:
+            overrides.append(f"{section}.min_servers={servers}")
+        return overrides
+
+    @classmethod
     def without_rank(cls, config: ShoalConfig, rank: int, section: str) -> Shrink | None:
         """Elastic membership, two floors. A worker given up: one worker fewer, down to
         `faults.min_workers` (which counts workers only), the same global batch (each
