@@ -52,6 +52,8 @@ def shoal_row(args: argparse.Namespace, schedule: str, m: int, scratch: str) -> 
     strategy: dict[str, Any] = {"type": "pipeline", "stages": 2, "microbatches": m}
     strategy["schedule"] = schedule
     result, train = shoal_run(args, strategy, f"{schedule}-{m}", scratch)
+    if args.phases:
+        print_phases(2, train)
     tokens = sum(r["samples"] for r in train) * args.context
     section = result["pipeline"]
     return {
@@ -101,6 +103,7 @@ def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, sto
         ScheduleInterleaved1F1B,
     )
 
+    from shoal.strategies.pipeline.measure import StageClock
     from shoal.tasks.lm.config import LMModelConfig
     from shoal.tasks.lm.model import build_lm
 
@@ -132,28 +135,47 @@ def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, sto
         flat = logits.reshape(-1, vocab).float()
         return F.cross_entropy(flat, targets.reshape(-1), reduction="sum") / (args.context * batch)
 
+    clock = StageClock()
+    loss: Any = loss_fn
+    if args.phases:  # compute time as shoal's pipeline measures it (measure.StageClock)
+        for stage in stages:
+            clock.wrap(stage)
+        loss = clock.timed(loss_fn)
     if schedule == "interleaved_1f1b":
-        pipe: Any = ScheduleInterleaved1F1B(stages, m, loss_fn=loss_fn, scale_grads=False)
+        pipe: Any = ScheduleInterleaved1F1B(stages, m, loss_fn=loss, scale_grads=False)
     else:
         kind = ScheduleGPipe if schedule == "gpipe" else Schedule1F1B
-        pipe = kind(stages[0], m, loss_fn=loss_fn, scale_grads=False)
+        pipe = kind(stages[0], m, loss_fn=loss, scale_grads=False)
     generator = torch.Generator().manual_seed(2)
     times = []
+    phases: list[tuple[float, float]] = []
     for step in range(args.steps):
         tokens = torch.randint(0, vocab, (batch, args.context + 1), generator=generator)
         started = time.perf_counter()
         for p in params:
             p.grad = None
+        if step == args.warmup:
+            clock.take()
         if rank == 0:
             pipe.step(tokens[:, :-1], return_outputs=False)
         else:
             pipe.step(target=tokens[:, 1:], return_outputs=False)
+        clip_started = time.perf_counter()
         square = torch.stack([p.grad.norm() ** 2 for p in params if p.grad is not None]).sum()
         dist.all_reduce(square)
         torch.nn.utils.clip_grads_with_norm_(params, 1.0, square.sqrt())
         optimizer.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - started)
+            phases.append((clip_started - started, time.perf_counter() - clip_started))
+    if args.phases:
+        forward_backward, after = (1e3 * sum(p) / len(p) for p in zip(*phases, strict=True))
+        idle = forward_backward - 1e3 * clock.compute_s / len(phases)
+        print(
+            f"plain rank {rank} per step: forward and backward {forward_backward:.1f} ms "
+            f"(idle {idle:.1f}), clipping + optimizer {after:.1f} ms",
+            flush=True,
+        )
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     figures = torch.tensor([sum(times), peak_mb], dtype=torch.float64)
     gathered = [torch.zeros_like(figures) for _ in range(2)]
@@ -491,12 +513,14 @@ def _median_row(rows: list[dict[str, Any]]) -> dict[str, Any]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", choices=("pipeline", "spmd"), default="pipeline")
-    parser.add_argument("--only", default="", help="spmd rows whose name contains this")
+    parser.add_argument(
+        "--only", default="", help='spmd rows whose name contains this; the pipeline row "1f1b 8"'
+    )
     parser.add_argument(
         "--rounds", type=int, default=1, help="runs of each row, alternating; the median"
     )
     parser.add_argument(
-        "--phases", action="store_true", help="spmd rows: print each rank's time per step phase"
+        "--phases", action="store_true", help="print each rank's time per step phase"
     )
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--warmup", type=int, default=10)
@@ -516,6 +540,8 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as scratch:
         for schedule in ("gpipe", "1f1b", "interleaved_1f1b"):
             for m in (4, 8):
+                if args.only and args.only != f"{schedule} {m}":
+                    continue
                 mine, plain, rounds = alternate(
                     args.rounds,
                     lambda: shoal_row(args, schedule, m, scratch),  # noqa: B023 - called at once
