@@ -1,12 +1,25 @@
-"""Gradient buckets: views, order of launches, accumulation without communication."""
+"""Gradient buckets: views, order of launches, accumulation without communication, and the
+step's agreement carried by the last bucket."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import pytest
 import torch
+import torch.distributed as dist
+from pydantic import TypeAdapter
 from torch import nn
 
 from shoal.comm.aggregators import Aggregator, PendingReduction
 from shoal.comm.buckets import BucketedGradientSync, plan_buckets
+from shoal.comm.config import AggregationConfig
+from shoal.comm.links import CommGroup
+from shoal.comm.registry import build_aggregator
+from shoal.runtime.hosts import Hosts
+from shoal.runtime.stop import STOP
+from tests.comm.group import TIMEOUT_S, run_in_group
 
 
 class _Done:
@@ -132,3 +145,58 @@ def test_unused_parameter_gets_zero_gradient_not_a_stale_one() -> None:
         model[:5](torch.randn(3, 8)).sum().backward()
     sync.finish()
     assert torch.equal(model.unused.weight.grad, torch.zeros(2, 2))
+
+
+def _agreement_rides_on_the_last_bucket(rank: int, world_size: int, method: str) -> None:
+    """Each rank's non-finite flag and stop signal arrive with the summed gradients: no
+    all-reduce of its own when all is well, the names gathered when a flag is up."""
+    hosts = Hosts.from_ranks([("host", "127.0.0.1")] * world_size)
+    links = CommGroup.create(rank, world_size, hosts, TIMEOUT_S)
+    aggregator = build_aggregator(
+        TypeAdapter(AggregationConfig).validate_python({"method": method}), links
+    )
+    model = _model()
+    sync = BucketedGradientSync(model, aggregator, cap_mb=64 * 64 * 4 / 2**20)
+    assert sync.carrier == (rank, world_size) and len(sync.buckets) >= 2
+    calls: list[int] = []
+    real = dist.all_reduce
+
+    def counted(*args: Any, **kwargs: Any) -> Any:
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    for step, (bad_rank, signal) in enumerate([(None, 0), (None, 15), (1, 0)]):
+        STOP.reset()
+        STOP.signum = signal if rank == world_size - 1 else 0
+        sync.zero_grad()
+        with sync.accumulate(last=True):
+            loss = model(torch.randn(5, 8)).sum()
+            if rank == bad_rank:
+                loss = loss * float("nan")
+            loss.backward()
+        sync.finish()
+        dist.all_reduce = counted  # type: ignore[assignment]
+        try:
+            agreed = sync.agree(None)
+        finally:
+            dist.all_reduce = real
+        assert STOP.take_agreed() == signal, step
+        if bad_rank is None:
+            assert agreed.nonfinite == {} and not calls, step  # no collective at all
+        else:
+            assert set(agreed.nonfinite) == {bad_rank}
+            assert "0.weight" in agreed.nonfinite[bad_rank]
+    STOP.reset()
+
+
+@pytest.mark.parametrize("method", ["native", "ring", "hierarchical"])
+def test_the_steps_agreement_rides_on_the_last_bucket(tmp_path: Path, method: str) -> None:
+    assert run_in_group(3, _agreement_rides_on_the_last_bucket, tmp_path, method) == [0, 1, 2]
+
+
+def test_a_compressed_aggregator_agrees_with_an_all_reduce_of_its_own() -> None:
+    """Compression would round or drop the tail: no carrier, the buckets hold gradients only."""
+    model = _model()
+    sync = BucketedGradientSync(model, RecordingAggregator(), cap_mb=1.0)
+    assert sync.carrier is None
+    assert sum(b.buffer.numel() for b in sync.buckets) == sum(p.numel() for p in model.parameters())

@@ -33,21 +33,23 @@ def one_process(tmp_path_factory: pytest.TempPathFactory) -> dict[str, torch.Ten
     return final_state(results)["model"]
 
 
-# rank 0's bytes per step for 3 workers and one bucket of 499 floats, counted by hand:
-# ring: 2 reduce-scatter + 2 all-gather chunks of 167/166 floats; tree (3 = 2 + 1 extra):
+# rank 0's bytes per step for 3 workers and one bucket of 499 gradient floats plus the step's
+# agreement (a flag and a stop signal per rank: 6 floats), 505 in all, counted by hand:
+# ring: 2 reduce-scatter + 2 all-gather chunks of 169/168 floats; tree (3 = 2 + 1 extra):
 # one swap with rank 1 and the result to rank 2; hierarchical, groups {0, 1} {2}: a ring of
 # the two leaders (a chunk each way) and the broadcast to rank 1; parameter server, servers
-# 0 and 1 of slices 250/249: push 249 to server 1, pull 250 to ranks 1 and 2.
+# 0 and 1 of slices 253/252: push 252 to server 1, pull 253 to ranks 1 and 2.
+SUMMED = BUCKET_BYTES + 2 * 3 * 4
 EXACT = {
-    "ring": ({"method": "ring"}, (167 + 166 + 166 + 167) * 4),
-    "tree": ({"method": "tree"}, 2 * BUCKET_BYTES),
+    "ring": ({"method": "ring"}, (169 + 168 + 168 + 169) * 4),
+    "tree": ({"method": "tree"}, 2 * SUMMED),
     "hierarchical": (
         {"method": "hierarchical", "branching_factor": 2},
-        (250 + 249) * 4 + BUCKET_BYTES,
+        (253 + 252) * 4 + SUMMED,
     ),
     "parameter_server": (
         {"method": "parameter_server", "num_servers": 2},
-        (249 + 2 * 250) * 4,
+        (252 + 2 * 253) * 4,
     ),
 }
 

@@ -7,6 +7,14 @@ Parameters are bucketed in reverse registration order, the order in which
 backward produces their gradients, and buckets are launched strictly in index
 order so that every rank issues the same collectives in the same sequence.
 Because .grad *is* the buffer, there is no copy in or out.
+
+When the aggregator sums exactly (every method without compression), the last
+bucket launched also carries the step's agreement (`training/nonfinite.py`): a
+tail of one non-finite flag and one stop signal per rank, small integers that
+any summation order keeps exact. Every bucket is checked before it is launched,
+in index order, so the flags are complete when the last one goes; the step then
+needs no all-reduce of its own to agree (the names of non-finite gradients are
+gathered only when a flag is up, on every rank alike).
 """
 
 from __future__ import annotations
@@ -20,9 +28,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.comm.aggregators import Aggregator, BucketSpec, PendingReduction
+from shoal.comm.aggregators import Aggregator, BlockingAggregator, BucketSpec, PendingReduction
+from shoal.runtime.stop import STOP
 from shoal.training.contracts import GradientSync
-from shoal.training.nonfinite import agree_on_nonfinite, is_finite, nonfinite_names
+from shoal.training.nonfinite import agree_on_nonfinite, agreed_from, is_finite, nonfinite_names
 
 FIRST_BUCKET_BYTES = 1 << 20  # a small first bucket starts communication early, as in DDP
 
@@ -30,11 +39,15 @@ FIRST_BUCKET_BYTES = 1 << 20  # a small first bucket starts communication early,
 @dataclass
 class Bucket:
     index: int
-    buffer: torch.Tensor
+    buffer: torch.Tensor  # what the aggregator sums: the gradients, then the agreement's tail
     params: list[nn.Parameter]
     names: list[str]
     views: list[torch.Tensor] = field(default_factory=list)
     pending: int = 0
+    grads: torch.Tensor = field(init=False)  # the buffer's gradients (all but the tail)
+
+    def __post_init__(self) -> None:
+        self.grads = self.buffer[: sum(p.numel() for p in self.params)]
 
 
 def plan_buckets(
@@ -79,9 +92,14 @@ class BucketedGradientSync(GradientSync):
         self.buffers = [b for b in model.buffers() if b.numel()] if broadcast_buffers else []
         named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
         self.buckets: list[Bucket] = []
-        for index, group in enumerate(plan_buckets(named[::-1], int(cap_mb * (1 << 20)))):
+        groups = plan_buckets(named[::-1], int(cap_mb * (1 << 20)))
+        #: (rank, world size) whose agreement rides on the last bucket (None: an all-reduce)
+        self.carrier = _carrier(aggregator)
+        for index, group in enumerate(groups):
             first = group[0][1]
             total = sum(p.numel() for _, p in group)
+            if self.carrier is not None and index == len(groups) - 1:
+                total += 2 * self.carrier[1]  # the tail: flags, then stop signals
             buffer = torch.zeros(total, dtype=first.dtype, device=first.device)
             bucket = Bucket(index, buffer, [p for _, p in group], [n for n, _ in group])
             offset = 0
@@ -163,10 +181,16 @@ class BucketedGradientSync(GradientSync):
         a NaN from one rank is everywhere and nobody can tell whose it was.
         """
         if self.loss_scale != 1.0:
-            bucket.buffer.div_(self.loss_scale)
-        if not is_finite(bucket.buffer):
+            bucket.grads.div_(self.loss_scale)
+        if not is_finite(bucket.grads):
             self._nonfinite += nonfinite_names(zip(bucket.names, bucket.views, strict=True))
-            bucket.buffer.zero_()
+            bucket.grads.zero_()
+        if self.carrier is not None and bucket.index == len(self.buckets) - 1:
+            rank, world_size = self.carrier
+            tail = bucket.buffer[bucket.grads.numel() :]
+            tail.zero_()
+            tail[rank] = 1.0 if self._nonfinite else 0.0
+            tail[world_size + rank] = float(STOP.signum)
 
     def finish(self) -> float:
         """Launch buckets that never filled (unused parameters, empty shards), then wait.
@@ -190,11 +214,16 @@ class BucketedGradientSync(GradientSync):
         return waited
 
     def bytes_per_step(self) -> int:
-        return sum(b.buffer.numel() * b.buffer.element_size() for b in self.buckets)
+        return sum(b.grads.numel() * b.grads.element_size() for b in self.buckets)
 
     def nonfinite(self) -> dict[int, list[str]]:
         device = self.buckets[0].buffer.device if self.buckets else torch.device("cpu")
-        return agree_on_nonfinite(self._nonfinite, device)
+        if self.carrier is None or not self.buckets:
+            return agree_on_nonfinite(self._nonfinite, device)
+        last = self.buckets[-1]
+        tail = last.buffer[last.grads.numel() :].tolist()  # summed: every rank's slots
+        world_size = self.carrier[1]
+        return agreed_from(self._nonfinite, device, tail[:world_size], tail[world_size:])
 
     def take_sent_bytes(self) -> int:
         return self.aggregator.take_sent_bytes()
@@ -204,3 +233,15 @@ class BucketedGradientSync(GradientSync):
 
     def load_rank_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         self.aggregator.load_state_dict(state)
+
+
+def _carrier(aggregator: Aggregator) -> tuple[int, int] | None:
+    """(rank, world size) when `aggregator` sums exactly over the whole job (a method
+    without compression, on the default group's ranks): its last bucket can carry the
+    step's agreement. None otherwise (compression would drop or round the tail)."""
+    if not isinstance(aggregator, BlockingAggregator) or not dist.is_initialized():
+        return None
+    links = aggregator.links
+    if links.world_size != dist.get_world_size() or links.rank != dist.get_rank():
+        return None
+    return links.rank, links.world_size

@@ -81,15 +81,24 @@ def agree_on_step(
         shared[-1] = square.to(comm_device, torch.float64)
     dist.all_reduce(shared)
     values = shared.tolist()
-    STOP.record_agreement([int(v) for v in values[world_size : 2 * world_size]])
     norm = None if square is None else math.sqrt(max(values[-1], 0.0))
-    flags = values[:world_size]
+    flags, signals = values[:world_size], values[world_size : 2 * world_size]
+    return Agreement(agreed_from(local, device, flags, signals), norm)
+
+
+def agreed_from(
+    local: list[str], device: torch.device, flags: list[float], signals: list[float]
+) -> dict[int, list[str]]:
+    """What every rank agreed on, from the summed slots of a collective (each rank wrote
+    its flag and its stop signal in its own slot): the stop is left in `STOP`; the names
+    are gathered (a collective) only when some rank's flag is up, which every rank sees."""
+    STOP.record_agreement([int(v) for v in signals])
     if not any(flags):
-        return Agreement({}, norm)
-    peers = World(rank, world_size, comm_device)
-    blobs = gather_bytes(peers, "\n".join(local).encode())
-    nonfinite = {r: blob.decode().split("\n") for r, blob in enumerate(blobs) if flags[r]}
-    return Agreement(nonfinite, norm)
+        return {}
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    comm_device = device if dist.get_backend() == "nccl" else torch.device("cpu")
+    blobs = gather_bytes(World(rank, world_size, comm_device), "\n".join(local).encode())
+    return {r: blob.decode().split("\n") for r, blob in enumerate(blobs) if flags[r]}
 
 
 def describe_nonfinite(
