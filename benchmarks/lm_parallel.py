@@ -491,12 +491,18 @@ def spmd_rows(args: argparse.Namespace) -> None:
 def alternate(
     rounds: int, mine: Callable[[], dict[str, Any]], plain: Callable[[], dict[str, Any]]
 ) -> tuple[dict[str, Any], dict[str, Any], str]:
-    """`rounds` runs of shoal's row and the plain script's, alternately: each side's median
+    """`rounds` runs of shoal's row and the plain script's, alternately, the one that goes
+    first swapping every round (a run right after another one's processes may differ:
+    in session 10 the side that went first lost 20 of 22 1F1B rounds): each side's median
     round, and every round's tokens/s ('shoal / plain, ...')."""
     mine_rounds, plain_rounds = [], []
-    for _ in range(rounds):
-        mine_rounds.append(mine())
-        plain_rounds.append(plain())
+    for index in range(rounds):
+        if index % 2:
+            plain_rounds.append(plain())
+            mine_rounds.append(mine())
+        else:
+            mine_rounds.append(mine())
+            plain_rounds.append(plain())
     each = ", ".join(
         f"{a['tokens_s']:.0f} / {b['tokens_s']:.0f}"
         for a, b in zip(mine_rounds, plain_rounds, strict=True)
