@@ -29,6 +29,8 @@ from shoal.runtime.auth import SECRET_ENV, Signer
 from tests.conftest import small_job
 
 T = TypeVar("T")
+#: torchrun next to this python (the tests that need it skip without it)
+TORCHRUN = Path(sys.executable).parent / "torchrun"
 
 
 def write_job(tmp_path: Path, **sections: Any) -> Path:
@@ -78,6 +80,18 @@ def start(
         stderr=subprocess.PIPE,
         text=True,
     )
+
+
+def start_torchrun(tmp_path: Path, job: dict[str, Any], *extra: str) -> subprocess.Popen[str]:
+    """`torchrun --standalone --nproc-per-node 2 [extra] -m shoal train job.toml` in the
+    background, on this machine, without the test process's own rank variables."""
+    (tmp_path / "job.toml").write_text(tomli_w.dumps(job))
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "MASTER_"))}
+    return subprocess.Popen(
+        [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", *extra,
+         "-m", "shoal", "train", str(tmp_path / "job.toml")],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
 
 
 def finish(process: subprocess.Popen[str], timeout: float) -> tuple[int, str, str]:

@@ -9,35 +9,21 @@ import os
 import re
 import shutil
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
-import tomli_w
 
 import shoal
 from shoal.launch.processes import descendants, environ
 from tests.conftest import final_state, run_shoal, small_job
-from tests.hostile.jobs import finish, wait_for, wait_for_step
+from tests.hostile.jobs import TORCHRUN, finish, start_torchrun, wait_for, wait_for_step
 from tests.recovery.chaos import assert_identical
 
-TORCHRUN = Path(sys.executable).parent / "torchrun"
 pytestmark = pytest.mark.skipif(
     shutil.which("torchrun", path=str(TORCHRUN.parent)) is None,
     reason="torchrun not installed next to this python",
 )
-
-
-def _torchrun(tmp_path: Path, job: dict[str, object], *extra: str) -> subprocess.Popen[str]:
-    (tmp_path / "job.toml").write_text(tomli_w.dumps(job))
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RANK", "MASTER_"))}
-    return subprocess.Popen(
-        [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", *extra,
-         "-m", "shoal", "train", str(tmp_path / "job.toml")],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
 
 
 def test_a_job_torchrun_restarts_resumes_its_own_run_exactly(runs: Path, tmp_path: Path) -> None:
@@ -49,7 +35,7 @@ def test_a_job_torchrun_restarts_resumes_its_own_run_exactly(runs: Path, tmp_pat
     reference = shoal.train(small_job(runs / "ref", **sections))
     job = small_job(runs, **sections, faults={"inject": {"rank": 1, "step": 27, "kind": "exit"}})
     job["run"] = {"dir": str(runs), "name": "tr"}
-    code, _, err = finish(_torchrun(tmp_path, job, "--max-restarts", "1"), timeout=240)
+    code, _, err = finish(start_torchrun(tmp_path, job, "--max-restarts", "1"), timeout=240)
     assert code == 0, err[-3000:]
     assert sorted(p.name for p in runs.iterdir()) == ["ref", "tr"]  # no second run directory
     results = json.loads((runs / "tr" / "results.json").read_text())
@@ -77,7 +63,7 @@ def test_a_stopped_rank_under_torchrun_is_named_within_the_heartbeat_timeout(
                 "inject": {"rank": 0, "step": 0, "kind": "slow", "delay_s": 0.05}},
     )  # fmt: skip
     job["run"] = {"dir": str(runs), "name": "hang"}
-    torchrun = _torchrun(tmp_path, job)
+    torchrun = start_torchrun(tmp_path, job)
     wait_for_step(runs / "hang", 5)
 
     def rank_1() -> int | None:

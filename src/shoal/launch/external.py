@@ -93,7 +93,8 @@ def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
 def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
     placement = launch.placement
     rank, world_size = placement.rank, placement.world_size
-    described = plan.world_size, strategy_class(plan.config.strategy).members(plan.config)
+    cls = strategy_class(plan.config.strategy)
+    described = plan.world_size, cls.members(plan.config)
     plan, fitted = fit_plan(plan, world_size)  # roles for the processes started (a host lost)
     config = plan.config
     binding = resolve_bind(config.run.bind, launch.master_addr)
@@ -168,7 +169,7 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
                 launch.launcher,
                 world_size,
                 world_size,
-                _roles(strategy_class(config.strategy).members(config)) if fitted else "",
+                _roles(cls.members(config)) if fitted else "",
             )
         if changed.get("line"):
             log.warning("%s", changed["line"])

@@ -22,9 +22,8 @@ from shoal.run import RunPaths
 from shoal.strategies.parameter_server.shards import SHARD_GLOB
 from shoal.strategies.parameter_server.strategy import ParameterServerStrategy
 from tests.conftest import final_state
-from tests.hostile.jobs import finish
+from tests.hostile.jobs import TORCHRUN, finish, start_torchrun
 from tests.recovery.chaos import events
-from tests.recovery.test_torchrun import TORCHRUN, _torchrun
 from tests.tasks.kge.planted import random_mrr, write_planted_graph
 from tests.tasks.kge.test_training import kge_job
 
@@ -403,7 +402,7 @@ def test_torchrun_on_fewer_processes_than_the_config_fits_the_roles(
         job(runs, graph, "one", strategy=ps(num_workers=1, num_servers=1), **sections)
     )
     config = job(runs, graph, "fit", strategy=ps(num_workers=2, num_servers=1), **sections)
-    code, _, err = finish(_torchrun(tmp_path, config), timeout=240)
+    code, _, err = finish(start_torchrun(tmp_path, config), timeout=240)
     assert code == 0, err[-3000:]
     log = (runs / "fit" / "logs" / "rank-0.log").read_text()
     assert (
