@@ -55,33 +55,45 @@ def clip_to_norm(grads: Iterable[torch.Tensor], max_norm: float, norm: float) ->
             torch._foreach_mul_(group, coef.to(device))
 
 
-def norm_share(params: Iterable[torch.nn.Parameter], coords: dict[str, int]) -> torch.Tensor:
-    """This rank's share of the global squared norm of `params`' gradients (float64): the
-    squares of its local pieces that no other rank counts. `coords` is this rank's
-    coordinate along each mesh dimension its model is laid out over (sharded or replicated;
-    a pipeline's own dimension excluded: each stage's parameters are its own). A piece
-    counts unless this rank is past coordinate 0 of a dimension the piece is replicated
-    over: every dimension for a plain tensor, those a DTensor's placements replicate or
-    its mesh lacks for a DTensor. Mesh dimensions must be named (shoal's meshes are)."""
-    counted: list[torch.Tensor] = []
+def counted_pieces(
+    params: Iterable[torch.nn.Parameter], coords: dict[str, int]
+) -> list[torch.nn.Parameter]:
+    """The parameters whose local gradient pieces this rank counts in its share of the
+    global squared norm (`norm_share`), decided once per layout from their placements (a
+    gradient is laid out as its parameter once the sync has reduced what was Partial).
+    `coords` is this rank's coordinate along each mesh dimension its model is laid out over
+    (sharded or replicated; a pipeline's own dimension excluded: each stage's parameters
+    are its own). A piece counts unless this rank is past coordinate 0 of a dimension the
+    piece is replicated over: every dimension for a plain tensor, those a DTensor's
+    placements replicate or its mesh lacks for a DTensor. Mesh dimensions must be named
+    (shoal's meshes are)."""
     replica = {dim for dim, coord in coords.items() if coord != 0}
-    for param in params:
-        grad = param.grad
-        if grad is None:
-            continue
-        if is_dtensor(grad):
-            names = grad.device_mesh.mesh_dim_names
-            if names is None:
-                raise ValueError("norm_share: a gradient's device mesh has unnamed dimensions")
-            sharded = {names[d] for d, p in enumerate(grad.placements) if not p.is_replicate()}
-            if replica <= sharded:
-                counted.append(grad.to_local())
-        elif not replica:
-            counted.append(grad)
-    if not counted:
+    return [param for param in params if _counted_here(param, replica)]
+
+
+def _counted_here(param: torch.Tensor, replica: set[str]) -> bool:
+    """Whether this rank counts `param`'s local piece: it is past coordinate 0 (`replica`)
+    only of dimensions the piece is sharded over."""
+    if not is_dtensor(param):
+        return not replica
+    names = param.device_mesh.mesh_dim_names
+    if names is None:
+        raise ValueError("counted_pieces: a parameter's device mesh has unnamed dimensions")
+    return replica <= {names[d] for d, p in enumerate(param.placements) if not p.is_replicate()}
+
+
+def norm_share(counted: Iterable[torch.nn.Parameter]) -> torch.Tensor:
+    """This rank's share of the global squared norm (float64): the squares of the local
+    gradient pieces of `counted` (`counted_pieces`), so that the shares of all ranks add up
+    to the whole model's squared norm."""
+    pieces = [
+        (grad.to_local() if is_dtensor(grad) else grad).detach()
+        for grad in (param.grad for param in counted)
+        if grad is not None
+    ]
+    if not pieces:
         return torch.zeros((), dtype=torch.float64)
-    norms = torch._foreach_norm([piece.detach() for piece in counted])
-    return torch.stack(norms).double().pow(2).sum()
+    return torch.stack(torch._foreach_norm(pieces)).double().pow(2).sum()
 
 
 def global_norm(grads: list[torch.Tensor]) -> float:

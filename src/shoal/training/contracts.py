@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.training.nonfinite import Agreement, nonfinite_names
+from shoal.training.nonfinite import Agreement, agree_on_step, nonfinite_names
 
 
 class GradientSync(ABC):
@@ -86,6 +86,29 @@ class GradientSync(ABC):
 
     def load_rank_state_dict(self, state: dict[str, torch.Tensor]) -> None:  # noqa: B027
         """Restore this rank's part of what `rank_state_dict` returned."""
+
+
+class AgreeingSync(GradientSync):
+    """A sync whose ranks agree after `finish()` in one all-reduce over the world
+    (`nonfinite.agree_on_step`): the non-finite flags, the stop signals and, given each
+    rank's `norm_share`, the global gradient norm. `finish()` leaves this rank's non-finite
+    gradient names in `found`; `agree_device` is where the agreement's tensor is made."""
+
+    found: list[str]
+
+    @property
+    @abstractmethod
+    def agree_device(self) -> torch.device:
+        """The device of this rank's gradients."""
+
+    def nonfinite(self) -> dict[int, list[str]]:
+        """Collective (it also carries the stop agreement)."""
+        return self.agree(None).nonfinite
+
+    def agree(self, share: torch.Tensor | None) -> Agreement:
+        """Collective: one all-reduce for the non-finite and stop agreement and the global
+        norm (the ranks' shares summed: clipping then needs no collective of its own)."""
+        return agree_on_step(self.found, self.agree_device, share)
 
 
 def unscale_local_grads(named: list[tuple[str, nn.Parameter]], loss_scale: float) -> list[str]:

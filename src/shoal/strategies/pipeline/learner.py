@@ -53,18 +53,17 @@ from shoal.strategies.pipeline.stages import (
 )
 from shoal.tasks.base import LossOutput, Task
 from shoal.training.clipping import norm_share
-from shoal.training.contracts import GradientSync, unscale_local_grads
+from shoal.training.contracts import AgreeingSync, unscale_local_grads
 from shoal.training.faults import straggle
 from shoal.training.learner import Learner
 from shoal.training.meter import StepStats
-from shoal.training.nonfinite import Agreement, agree_on_step
 from shoal.training.optim import build_optimizer, build_scheduler
 from shoal.training.steps import LocalModel
 
 OPTIMIZER_KEY = "\t"  # between a parameter's name and its optimizer state's key
 
 
-class PipelineSync(GradientSync):
+class PipelineSync(AgreeingSync):
     """The gradients of this rank's stages: nothing to combine (each parameter lives on one
     rank); non-finite ones are found locally and agreed on by every rank; the step's idle
     time (bubble and messages) is its communication time."""
@@ -76,7 +75,7 @@ class PipelineSync(GradientSync):
         self.clock = StageClock()
         self.ranks = place.total // len(place.indices)
         self.local = len(place.indices)
-        self._nonfinite: list[str] = []
+        self.found: list[str] = []
         self._step_started = (0.0, 0.0)  # the clock's (compute, step) before this step
         self.totals = {"compute_s": 0.0, "step_s": 0.0, "steps": 0.0}
         self.state_bytes = 0
@@ -102,7 +101,7 @@ class PipelineSync(GradientSync):
         self._step_started = (self.clock.compute_s, self.clock.step_s)
 
     def finish(self) -> float:
-        self._nonfinite = self.combine()
+        self.found = self.combine()
         compute = self.clock.compute_s - self._step_started[0]
         wall = self.clock.step_s - self._step_started[1]
         self.work_s += compute
@@ -115,18 +114,13 @@ class PipelineSync(GradientSync):
         dimension here)."""
         return unscale_local_grads(self.named, self.loss_scale)
 
-    def nonfinite(self) -> dict[int, list[str]]:
-        """Collective (it also carries the stop agreement)."""
-        return self.agree(None).nonfinite
-
     def norm_share(self) -> torch.Tensor:
         """The squares of this rank's gradients: each parameter lives on one rank."""
-        return norm_share((param for _, param in self.named), {})
+        return norm_share(param for _, param in self.named)
 
-    def agree(self, share: torch.Tensor | None) -> Agreement:
-        """Collective: one all-reduce over the world for the non-finite and stop agreement
-        and the global norm (the stages' shares summed)."""
-        return agree_on_step(self._nonfinite, self.ctx.device, share)
+    @property
+    def agree_device(self) -> torch.device:
+        return self.ctx.device
 
     def describe_rank(self, rank: int) -> str:
         return describe_stage_rank(rank, self.ranks, self.local)

@@ -4,13 +4,16 @@ Within the tensor dimension nothing is left to do after backward: the
 column/row-wise projections' collectives already gave each rank the gradient
 of its own shard, except for parameters replicated over a sequence-parallel
 tensor dimension (the norms), whose gradients are pending sums (`Partial`):
-they are summed here. A sharded data dimension is FSDP's (reduce-scatter per
-block, during backward; only the last micro-batch reduces). A replicated data
-dimension is reduced here, block by block: the local gradients of each block
-(the embeddings, each transformer block, the final norm and head) are
-flattened into one bucket and all-reduced over the data group, all buckets in
-flight at once (seed 004's per-block all-reduce). A pipeline stage of a hybrid
-mesh is synced by this same class over its own blocks (`pipeline_mesh.py`).
+they are summed here. Every gradient is then laid out as its parameter (the
+vocabulary-sharded embedding's, which torch leaves whole on every rank, cut to
+this rank's shard), so a rank's share of the norm counts exactly its pieces.
+A sharded data dimension is FSDP's (reduce-scatter per block, during backward;
+only the last micro-batch reduces). A replicated data dimension is reduced
+here, block by block: the local gradients of each block (the embeddings, each
+transformer block, the final norm and head) are flattened into one bucket and
+all-reduced over the data group, all buckets in flight at once (seed 004's
+per-block all-reduce). A pipeline stage of a hybrid mesh is synced by this same
+class over its own blocks (`pipeline_mesh.py`).
 
 Non-finite gradients are found on each rank's local pieces, before the
 replicated reduction (so the rank at fault is named), after FSDP's (the rank
@@ -30,18 +33,29 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import FSDPModule
-from torch.distributed.tensor import DTensor, Partial, Replicate
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate
 
-from shoal.training.clipping import norm_share
-from shoal.training.contracts import GradientSync
-from shoal.training.nonfinite import Agreement, agree_on_step, nonfinite_names
+from shoal.training.clipping import counted_pieces, norm_share
+from shoal.training.contracts import AgreeingSync
+from shoal.training.nonfinite import nonfinite_names
+
+
+def _laid_out_as(param: nn.Parameter, grad: DTensor) -> list[Placement]:
+    """Where `param`'s gradient belongs: the parameter's own placements (a pending sum is
+    summed into them; a vocabulary-sharded embedding's gradient, which torch leaves whole
+    on every rank, is cut to this rank's shard), so each rank holds, checks and counts the
+    gradient of exactly what it holds of the parameter; for a parameter that is not a
+    DTensor, its gradient's pending sums summed and replicated."""
+    if isinstance(param, DTensor):
+        return list(param.placements)
+    return [Replicate() if isinstance(p, Partial) else p for p in grad.placements]
 
 
 def local(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.to_local() if isinstance(tensor, DTensor) else tensor
 
 
-class SpmdGradientSync(GradientSync):
+class SpmdGradientSync(AgreeingSync):
     def __init__(
         self,
         model: nn.Module,
@@ -55,12 +69,14 @@ class SpmdGradientSync(GradientSync):
         self.where = where  # "data 0, tensor 1": this rank's coordinates
         self.fsdp = model if isinstance(model, FSDPModule) else None
         self.data_group = mesh["data"].get_group() if replicated_data and "data" in dims else None
-        # this rank's coordinate along each dimension the model is laid out over (`norm_share`)
+        # this rank's coordinate along each dimension the model is laid out over: which
+        # gradient pieces its share of the squared norm counts (`clipping.counted_pieces`)
         names = mesh.mesh_dim_names or ()
         coordinate = list(mesh.get_coordinate() or ())
-        self.coords = {name: coordinate[names.index(name)] for name in dims if name in names}
+        coords = {name: coordinate[names.index(name)] for name in dims if name in names}
+        self.counted = counted_pieces((param for _, param in self.named), coords)
         self.buckets = _blocks(model) if self.data_group is not None else []
-        self._nonfinite: list[str] = []
+        self.found: list[str] = []  # the last `finish`'s non-finite gradients, with coordinates
         self._comm_s = 0.0
 
     def zero_grad(self) -> None:
@@ -79,12 +95,13 @@ class SpmdGradientSync(GradientSync):
             grad = param.grad
             if grad is None:  # a rank without samples this step still takes part
                 param.grad = torch.zeros_like(param)
-            elif isinstance(grad, DTensor) and any(isinstance(p, Partial) for p in grad.placements):
-                placements = [Replicate() if isinstance(p, Partial) else p for p in grad.placements]
-                param.grad = grad.redistribute(placements=placements)
+            elif isinstance(grad, DTensor):
+                placements = _laid_out_as(param, grad)
+                if placements != list(grad.placements):
+                    param.grad = grad.redistribute(placements=placements)
         named = [(name, local(param.grad)) for name, param in self.named if param.grad is not None]
         bad = nonfinite_names(named)
-        self._nonfinite = [f"{name} [{self.where}]" for name in bad]
+        self.found = [f"{name} [{self.where}]" for name in bad]
         if self.loss_scale != 1.0:
             for _, grad in named:
                 grad.div_(self.loss_scale)
@@ -93,22 +110,13 @@ class SpmdGradientSync(GradientSync):
         self._comm_s = time.perf_counter() - started
         return self._comm_s
 
-    @property
-    def found(self) -> list[str]:
-        """The last `finish`'s non-finite gradients here, named with this rank's coordinates."""
-        return self._nonfinite
-
-    def nonfinite(self) -> dict[int, list[str]]:
-        return self.agree(None).nonfinite
-
     def norm_share(self) -> torch.Tensor:
         """The squares of the local pieces no other rank counts (`clipping.norm_share`)."""
-        return norm_share((param for _, param in self.named), self.coords)
+        return norm_share(self.counted)
 
-    def agree(self, share: torch.Tensor | None) -> Agreement:
-        """Collective: the non-finite and stop agreement and the global norm in one
-        all-reduce (clipping then needs none over the tensor or data dimension)."""
-        return agree_on_step(self._nonfinite, next(self.model.parameters()).device, share)
+    @property
+    def agree_device(self) -> torch.device:
+        return next(self.model.parameters()).device
 
     def bytes_per_step(self) -> int:
         """Bytes of this rank's local gradients (what the data dimension reduces)."""
