@@ -8,7 +8,9 @@ and torch's schedule directly (torch.distributed.pipelining, gloo), with AdamW a
 clipping, on random windows of the same shape. Tokens/s are the timed steps' tokens
 over their step time (the first --warmup steps are not timed); per-rank peak memory is
 the process's peak resident set (shoal's results.json `pipeline.ranks[*].peak_mb`; the
-plain script's getrusage); the bubble is shoal's measured fraction beside the theory.
+plain script's getrusage); the bubble is shoal's measured fraction (its ranks' mean of
+idle / step inside the schedule) beside the plain script's, measured the same way (with
+--phases; "nan" without), and the schedule's theory.
 
 `--rows spmd` compares the SPMD layouts the same way: local, data_parallel 2,
 tensor_parallel 2, fully_sharded 2, hybrid data 2 x tensor 2, and the pipeline meshes
@@ -149,7 +151,7 @@ def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, sto
         pipe = kind(stages[0], m, loss_fn=loss, scale_grads=False)
     generator = torch.Generator().manual_seed(2)
     times = []
-    phases: list[tuple[float, float]] = []
+    phases: list[tuple[float, float, float]] = []
     for step in range(args.steps):
         tokens = torch.randint(0, vocab, (batch, args.context + 1), generator=generator)
         started = time.perf_counter()
@@ -157,6 +159,7 @@ def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, sto
             p.grad = None
         if step == args.warmup:
             clock.take()
+        scheduled = time.perf_counter()
         if rank == 0:
             pipe.step(tokens[:, :-1], return_outputs=False)
         else:
@@ -167,10 +170,16 @@ def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, sto
         torch.nn.utils.clip_grads_with_norm_(params, 1.0, square.sqrt())
         optimizer.step()
         if step >= args.warmup:
-            times.append(time.perf_counter() - started)
-            phases.append((clip_started - started, time.perf_counter() - clip_started))
+            ended = time.perf_counter()
+            times.append(ended - started)
+            phases.append((clip_started - started, ended - clip_started, clip_started - scheduled))
+    bubble = float("nan")
     if args.phases:
-        forward_backward, after = (1e3 * sum(p) / len(p) for p in zip(*phases, strict=True))
+        forward_backward, after, schedule_ms = (
+            1e3 * sum(p) / len(p) for p in zip(*phases, strict=True)
+        )
+        # as shoal measures it: the schedule's step time not spent computing, as a fraction
+        bubble = 1 - 1e3 * clock.compute_s / len(phases) / schedule_ms
         idle = forward_backward - 1e3 * clock.compute_s / len(phases)
         print(
             f"plain rank {rank} per step: forward and backward {forward_backward:.1f} ms "
@@ -178,7 +187,7 @@ def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, sto
             flush=True,
         )
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    figures = torch.tensor([sum(times), peak_mb], dtype=torch.float64)
+    figures = torch.tensor([sum(times), peak_mb, bubble], dtype=torch.float64)
     gathered = [torch.zeros_like(figures) for _ in range(2)]
     dist.all_gather(gathered, figures)
     if rank == 0:
@@ -186,6 +195,7 @@ def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, sto
         out = {
             "tokens_s": len(times) * batch * args.context / step_s,
             "peak_mb": [float(g[1]) for g in gathered],
+            "bubble": sum(float(g[2]) for g in gathered) / 2,  # NaN without --phases
         }
         Path(store + ".json").write_text(json.dumps(out))
     dist.barrier()
@@ -558,9 +568,10 @@ def main() -> None:
         return
     print(
         "| schedule | micro-batches | shoal tokens/s | plain tokens/s | ratio | shoal peak MiB "
-        "(rank 0, 1) | plain peak MiB (rank 0, 1) | bubble measured | bubble theory |"
+        "(rank 0, 1) | plain peak MiB (rank 0, 1) | bubble measured | plain bubble | "
+        "bubble theory |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as scratch:
         for schedule in ("gpipe", "1f1b", "interleaved_1f1b"):
             for m in (4, 8):
@@ -576,7 +587,7 @@ def main() -> None:
                     f"| {schedule} | {m} | {mine['tokens_s']:.0f} | {plain['tokens_s']:.0f} | "
                     f"{ratio:.2f} | {', '.join(f'{x:.0f}' for x in mine['peak_mb'])} | "
                     f"{', '.join(f'{x:.0f}' for x in plain['peak_mb'])} | "
-                    f"{mine['bubble']:.2f} | {mine['theory']:.2f} |",
+                    f"{mine['bubble']:.2f} | {plain['bubble']:.2f} | {mine['theory']:.2f} |",
                     flush=True,
                 )
                 if args.rounds > 1:
