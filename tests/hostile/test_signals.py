@@ -90,6 +90,28 @@ def test_a_signal_stops_every_rank_at_one_step_with_a_checkpoint(
     no_worker_left(run_dir)
 
 
+@pytest.mark.parametrize("exec_workers", [False, True], ids=["forked", "exec"])
+def test_workers_run_in_process_groups_of_their_own_within_the_launchers_session(
+    tmp_path: Path, exec_workers: bool
+) -> None:
+    """A terminal's Ctrl-C goes to the launcher's process group alone (the launcher then
+    stops every rank at one step); a session per worker would also have done that, but
+    Linux's autogroup then schedules each worker as a group of its own, which slowed a
+    4-process mesh on 2 cores by 7 % (launch/start.py)."""
+    job = write_job(tmp_path, **slow_data_parallel(workers=2))
+    run_dir = tmp_path / "runs" / "job"
+    launcher = start("train", str(job), cwd=tmp_path, exec_workers=exec_workers)
+    workers = workers_of(launcher, 2)
+    wait_for_step(run_dir, 1)
+    for pid in workers:
+        assert os.getpgid(pid) == pid, "a worker leads a process group of its own"
+        assert os.getsid(pid) == os.getsid(launcher.pid), "in the launcher's session"
+    launcher.send_signal(signal.SIGTERM)
+    code, _, err = finish(launcher, timeout=60)
+    assert_stopped(run_dir, code, err, signal.SIGTERM)
+    no_worker_left(run_dir)
+
+
 def test_a_second_signal_stops_at_once(tmp_path: Path) -> None:
     """Steps of 3 s: the first SIGTERM waits for the step boundary, the second does not."""
     job = write_job(tmp_path, **slow_data_parallel(workers=2, delay_s=3.0))

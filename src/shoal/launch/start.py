@@ -10,13 +10,21 @@ because the server only imported modules: no CUDA context, no thread pool, no
 process group, no store.
 
 What `subprocess.Popen` gave an exec'd worker, a forked one sets up itself, first
-thing (:func:`_forked_main`): its environment (replaced wholesale), a session of
-its own (a terminal's Ctrl-C reaches the launcher alone), stdin from /dev/null,
+thing (:func:`_forked_main`): its environment (replaced wholesale), a process
+group of its own (a terminal's Ctrl-C reaches the launcher alone), stdin from /dev/null,
 stdout and stderr on the descriptors the launcher hands over (its own, or the
 rank's output file), the run lock's descriptor (held until the worker exits), its
 command line as `ps` shows it (setproctitle), and its CPU threads
 (OMP_NUM_THREADS was read when the server imported torch, so it is applied
 explicitly).
+
+A process group, not a session: where Linux groups the scheduling of processes by
+session (autogroup, on by default in most distributions and on this project's
+machine), a session per worker makes each worker a scheduling group of its own, and
+when workers outnumber the cores a worker's communication thread then waits for its
+own group's turn: a hybrid pipeline 2 x tensor 2 on 2 cores ran at 0.93 of the same
+torch script started as plain processes, 1.03 with process groups (benchmarks/
+RESULTS.md, session 11).
 
 The forkserver's parent is the launcher, and it is killed when the launcher dies
 (launch/preload.py), so a worker's "die with the launcher" signal (worker.py)
@@ -87,7 +95,7 @@ def start_worker(
         stdin=subprocess.DEVNULL,
         stdout=output,
         stderr=subprocess.STDOUT if output else None,
-        start_new_session=True,
+        process_group=0,  # as a forked worker: a process group of its own, not a session
         pass_fds=keep_fds,
     )
 
@@ -233,7 +241,7 @@ def _detach(duplicate: Any) -> int:
 def _forked_main(argv: list[str], env: dict[str, str], out: int, err: int, *keep: int) -> None:
     """A forked worker's first steps: become what an exec'd one is, then run it."""
     _leave_the_forkserver()
-    os.setsid()
+    os.setpgid(0, 0)  # a process group, not a session (the module docstring says why)
     # ps and pgrep -f see the command an exec'd worker runs, not the forkserver's, and its
     # rank: /proc/<pid>/environ shows the server's environment, not this one
     command = [sys.executable, "-m", "shoal.launch.worker", *argv, rank_title(env.get("RANK"))]
