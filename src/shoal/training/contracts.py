@@ -7,7 +7,7 @@ any gradient communication scheme) that fulfils them runs under the same loop.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any, Protocol
 
@@ -105,15 +105,10 @@ class AgreeingSync(GradientSync):
         """Collective (it also carries the stop agreement)."""
         return self.agree(None).nonfinite
 
-    @property
-    def agree_groups(self) -> Sequence[dist.ProcessGroup]:
-        """The mesh dimensions to all-reduce over in turn (`agree_on_step`); () = the world."""
-        return ()
-
     def agree(self, share: torch.Tensor | None) -> Agreement:
         """Collective: one all-reduce for the non-finite and stop agreement and the global
         norm (the ranks' shares summed: clipping then needs no collective of its own)."""
-        return agree_on_step(self.found, self.agree_device, share, self.agree_groups)
+        return agree_on_step(self.found, self.agree_device, share)
 
 
 def unscale_local_grads(named: list[tuple[str, nn.Parameter]], loss_scale: float) -> list[str]:

@@ -19,7 +19,7 @@ the global norm then costs no collective of its own either (`agree_on_step`).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
@@ -60,23 +60,13 @@ def agree_on_nonfinite(local: list[str], device: torch.device) -> dict[int, list
 
 
 def agree_on_step(
-    local: list[str],
-    device: torch.device,
-    square: torch.Tensor | None = None,
-    groups: Sequence[dist.ProcessGroup] = (),
+    local: list[str], device: torch.device, square: torch.Tensor | None = None
 ) -> Agreement:
     """Collective: agree on non-finite gradients and stop requests (`agree_on_nonfinite`)
     and, when `square` is given, sum each rank's share of the squared gradient norm, in one
     all-reduce of a float64 vector: a flag and a signal number per rank (exact in float64),
     then the shares' sum. `square` must be a share such that the shares of all ranks add up
-    to the whole model's squared norm (`training/clipping.py norm_share`).
-
-    `groups`, when given, are a mesh's dimensions (each rank in one group of each, the mesh
-    the whole world): the vector is all-reduced over each in turn, which sums it over the
-    world in fewer message hops than one all-reduce of the world (2 + 2 exchanges on a
-    2 x 2 mesh against gloo's 6 for 4 ranks in a ring; the vector is a few floats, so
-    only the hops count). Every rank ends with the same bits: the groups of one dimension
-    sum the same partial sums in the same order."""
+    to the whole model's squared norm (`training/clipping.py norm_share`)."""
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
         STOP.record_agreement([STOP.signum])
         rank = 0 if not dist.is_initialized() else dist.get_rank()
@@ -89,8 +79,7 @@ def agree_on_step(
     shared[world_size + rank] = float(STOP.signum)  # then the stop signals
     if square is not None:
         shared[-1] = square.to(comm_device, torch.float64)
-    for group in groups or (None,):
-        dist.all_reduce(shared, group=group)
+    dist.all_reduce(shared)
     values = shared.tolist()
     norm = None if square is None else math.sqrt(max(values[-1], 0.0))
     flags, signals = values[:world_size], values[world_size : 2 * world_size]

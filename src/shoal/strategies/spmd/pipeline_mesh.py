@@ -29,11 +29,9 @@ ranks at data and tensor coordinate 0) when it is needed.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
 from typing import Any
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
@@ -81,11 +79,6 @@ class MeshPipelineSync(PipelineSync):
     def norm_share(self) -> torch.Tensor:
         """The stage's pieces no other rank of its data and tensor dimensions counts."""
         return self.grads.norm_share()
-
-    @property
-    def agree_groups(self) -> Sequence[dist.ProcessGroup]:
-        """The mesh's dimensions, the pipeline's among them."""
-        return self.grads.agree_groups
 
     def describe_rank(self, rank: int) -> str:
         return describe_mesh_rank(self.roles, rank)

@@ -25,7 +25,7 @@ norm, so clipping by the global norm adds no collective.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import contextmanager
 
 import torch
@@ -74,8 +74,6 @@ class SpmdGradientSync(AgreeingSync):
         names = mesh.mesh_dim_names or ()
         coordinate = list(mesh.get_coordinate() or ())
         coords = {name: coordinate[names.index(name)] for name in dims if name in names}
-        # the agreement sums over each dimension in turn (a 1-D mesh: the world at once)
-        self.dimension_groups = [mesh[name].get_group() for name in names] if len(names) > 1 else []
         self.counted = counted_pieces((param for _, param in self.named), coords)
         self.buckets = _blocks(model) if self.data_group is not None else []
         self.found: list[str] = []  # the last `finish`'s non-finite gradients, with coordinates
@@ -119,10 +117,6 @@ class SpmdGradientSync(AgreeingSync):
     @property
     def agree_device(self) -> torch.device:
         return next(self.model.parameters()).device
-
-    @property
-    def agree_groups(self) -> Sequence[dist.ProcessGroup]:
-        return self.dimension_groups
 
     def bytes_per_step(self) -> int:
         """Bytes of this rank's local gradients (what the data dimension reduces)."""
