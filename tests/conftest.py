@@ -18,6 +18,11 @@ REPO = Path(__file__).resolve().parents[1]
 # (workers included, which inherit this): the suite scores through the tiles, and the kernels'
 # own test (tests/tasks/kge/test_models.py) switches them on
 os.environ.setdefault("SHOAL_KGE_COMPILE", "0")
+# The suite tests the CPU paths (gloo) and must pass alike on a machine with GPUs, where its
+# jobs' run.device "auto" would pick them: it hides them from itself and from every process
+# it starts. tests/cuda runs its jobs in processes that see the GPUs again (GPU_ENV).
+GPU_ENV = {"CUDA_VISIBLE_DEVICES": os.environ.get("CUDA_VISIBLE_DEVICES")}
+os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
 
 def small_job(run_dir: Path, **sections: Any) -> dict[str, Any]:
@@ -89,10 +94,12 @@ def final_state(results: dict[str, Any]) -> dict[str, Any]:
 
 
 def run_shoal(
-    *args: str, cwd: Path, timeout: float = 120, env: dict[str, str] | None = None
+    *args: str, cwd: Path, timeout: float = 120, env: dict[str, str | None] | None = None
 ) -> subprocess.CompletedProcess[str]:
-    """`python -m shoal ARGS` in a fresh process, as a user runs it (`env`: extra variables)."""
+    """`python -m shoal ARGS` in a fresh process, as a user runs it (`env`: extra variables;
+    None unsets one)."""
     env = dict(os.environ, PYTHONUNBUFFERED="1", COLUMNS="200", **(env or {}))
+    env = {name: value for name, value in env.items() if value is not None}  # None: unset
     return subprocess.run(
         [sys.executable, "-m", "shoal", *args],
         cwd=cwd,

@@ -12,6 +12,7 @@ from shoal.config.loading import ConfigSource
 from shoal.launch.cores import check_cores
 from shoal.launch.environment import external_launch
 from shoal.launch.plan import create_run, plan_job, resume_root
+from shoal.launch.process_group import check_devices
 from shoal.run import RunPaths
 from shoal.run.lock import RunLock
 
@@ -60,6 +61,9 @@ def train(
             warning = check_cores(plan.world_size, source, force)
             if warning:
                 print(f"shoal: warning: {warning}", flush=True)
+            note = check_devices(plan.config.run, plan.world_size)
+            if note:
+                print(f"shoal: warning: {note}", flush=True)
         paths = create_run(plan)
         if lock is None:
             lock = held.enter_context(RunLock(paths.lock))

@@ -21,20 +21,54 @@ LAUNCHER_ENV = "SHOAL_LAUNCHER"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def pick_device(run: RunConfig, local_rank: int) -> torch.device:
-    if run.device == "cpu" or (run.device == "auto" and not torch.cuda.is_available()):
+def pick_device(run: RunConfig, local_rank: int, local_workers: int = 1) -> torch.device:
+    """This worker's device: its own GPU, or the CPU.
+
+    "auto" trains on the GPUs only when each of this host's `local_workers` gets one of
+    its own (NCCL refuses two ranks on one device), else on the CPU (`check_devices`
+    says so once); "cuda" insists, with a one-line error where the GPUs are too few.
+    """
+    if run.device == "cpu":
         return torch.device("cpu")
-    if not torch.cuda.is_available():
-        raise ShoalError(
+    gpus = _gpus()
+    if run.device == "auto" and gpus < local_workers:
+        return torch.device("cpu")
+    if local_rank >= gpus or local_workers > gpus:
+        raise ShoalError(_too_few_gpus(local_workers, gpus))
+    return torch.device("cuda", local_rank)
+
+
+def check_devices(run: RunConfig, local_workers: int) -> str | None:
+    """Before the launcher starts `local_workers` on this host: the one-line error of
+    `pick_device` where run.device = "cuda" finds too few GPUs, or the note that says why
+    "auto" trains on the CPU of a host that has GPUs (None where there is nothing to say)."""
+    if run.device == "cpu":
+        return None
+    gpus = _gpus()
+    if run.device == "cuda" and gpus < local_workers:
+        raise ShoalError(_too_few_gpus(local_workers, gpus))
+    if 0 < gpus < local_workers:
+        return (
+            f'run.device = "auto": {local_workers} workers on this host but {gpus} GPU'
+            f"{'s' if gpus > 1 else ''}: they train on the CPU (gloo); start at most {gpus} per "
+            'host to train on the GPUs, or set run.device = "cpu" to silence this'
+        )
+    return None
+
+
+def _gpus() -> int:
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def _too_few_gpus(local_workers: int, gpus: int) -> str:
+    if gpus == 0:
+        return (
             'run.device: \'cuda\' but CUDA is not available here; set run.device = "cpu" or "auto"'
         )
-    count = torch.cuda.device_count()
-    if local_rank >= count:
-        raise ShoalError(
-            f"run.device: worker {local_rank} on this host needs a GPU but only {count} exist; "
-            'start fewer workers per host or set run.device = "cpu"'
-        )
-    return torch.device("cuda", local_rank)
+    return (
+        f"run.device: {local_workers} workers on this host need a GPU each but only {gpus} "
+        'exist; start at most that many per host, or set run.device = "cpu" or "auto"'
+    )
 
 
 def pick_backend(run: RunConfig, device: torch.device) -> str:
@@ -68,7 +102,7 @@ class Placement:
 
 def choose_device(config: ShoalConfig, placement: Placement) -> tuple[torch.device, str]:
     """Pick device and backend and share the CPU cores; returns (device, backend)."""
-    device = pick_device(config.run, placement.local_rank)
+    device = pick_device(config.run, placement.local_rank, placement.local_world_size)
     backend = pick_backend(config.run, device)
     if device.type == "cpu":
         set_cpu_threads(config.run, placement.local_world_size)
