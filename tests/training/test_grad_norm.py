@@ -56,22 +56,23 @@ def test_the_logged_norm_is_the_global_norm_before_clipping(
 
 
 def test_without_clipping_the_norm_is_taken_only_at_logged_steps(runs: Path) -> None:
-    """One norm per logged step, not one per step: the learner is asked only then."""
-    from shoal.training.learner import Learner
+    """One norm per logged step, not one per step: the sync is asked for it only then (a
+    local job's norm comes with the step's non-finite check, in the same look at it)."""
+    from shoal.training.contracts import LocalGradientSync
 
     calls: list[int] = []
-    original = Learner.grad_norm
+    original = LocalGradientSync.norm_share
 
-    def counted(self: Learner) -> float:
+    def counted(self: LocalGradientSync) -> torch.Tensor:
         calls.append(1)
         return original(self)
 
-    Learner.grad_norm = counted  # type: ignore[method-assign]
+    LocalGradientSync.norm_share = counted  # type: ignore[method-assign]
     try:
         job = small_job(runs, monitor={"progress": "off", "log_every_steps": 5})
         results = shoal.train(job)
     finally:
-        Learner.grad_norm = original  # type: ignore[method-assign]
+        LocalGradientSync.norm_share = original  # type: ignore[method-assign]
     assert results["steps"] == 26
     assert len(calls) == 26 // 5
     train = [

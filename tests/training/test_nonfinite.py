@@ -80,5 +80,18 @@ def test_finiteness_checks() -> None:
     assert is_finite(torch.full((4,), 3e38)), "a sum that overflows is not a non-finite entry"
     named = [("a", torch.ones(2)), ("b", torch.tensor([float("inf")])), ("c", None)]
     assert nonfinite_names(named) == ["b"]
+    # one pass over every tensor (by device and dtype), in the order given; a norm that
+    # overflows is checked entry by entry; a sparse gradient by its values
+    nan_rows = torch.sparse_coo_tensor([[0, 3]], torch.tensor([[1.0], [float("nan")]]), (5, 1))
+    named = [
+        ("huge", torch.full((4,), 3e38)),
+        ("double", torch.tensor([1.0, float("-inf")], dtype=torch.float64)),
+        ("empty", torch.zeros(0)),
+        ("sparse", nan_rows),
+        ("fine", torch.ones(3, dtype=torch.float64)),
+        ("nan", torch.tensor([float("nan")])),
+    ]
+    assert nonfinite_names(named) == ["double", "sparse", "nan"]
+    assert nonfinite_names([("huge", torch.full((4,), 3e38))]) == []
     bad = {2: ["w", "b"], 0: [f"p{i}" for i in range(6)]}
     assert describe_nonfinite(bad) == "rank 0 (p0, p1, p2, p3 and 2 more); rank 2 (w, b)"

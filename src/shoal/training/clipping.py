@@ -46,13 +46,18 @@ def clip_to_norm(grads: Iterable[torch.Tensor], max_norm: float, norm: float) ->
     pieces = [grad.to_local() if is_dtensor(grad) else grad for grad in grads]
     if not pieces:
         return
+    # torch's factor, in float32 on the host: a number, not a tensor to copy to the GPU
+    # (a copy from the host waits for the GPU's queue to drain)
     coef = torch.clamp(max_norm / (torch.tensor(norm, dtype=torch.float32) + 1e-6), max=1.0)
     by_kind: dict[tuple[torch.device, torch.dtype], list[torch.Tensor]] = {}
     for piece in pieces:
         by_kind.setdefault((piece.device, piece.dtype), []).append(piece)
+    factor = coef.item()
+    if factor == 1.0:  # x * 1 is x: a pass over every gradient for nothing
+        return
     with torch.no_grad():
-        for (device, _), group in by_kind.items():
-            torch._foreach_mul_(group, coef.to(device))
+        for group in by_kind.values():
+            torch._foreach_mul_(group, factor)
 
 
 def counted_pieces(

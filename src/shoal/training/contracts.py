@@ -6,6 +6,7 @@ any gradient communication scheme) that fulfils them runs under the same loop.
 
 from __future__ import annotations
 
+import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.training.nonfinite import Agreement, agree_on_step, nonfinite_names
+from shoal.training.nonfinite import Agreement, GradientCheck, agree_on_step
 
 
 class GradientSync(ABC):
@@ -112,38 +113,55 @@ class AgreeingSync(GradientSync):
 
 
 def unscale_local_grads(named: list[tuple[str, nn.Parameter]], loss_scale: float) -> list[str]:
-    """Undo the loss scale on gradients no one else combines; the names of non-finite ones
-    (found before unscaling, so an overflow is seen as such)."""
+    """Undo the loss scale on gradients no one else combines; the names of non-finite ones."""
+    return GradientCheck(_unscaled(named, loss_scale)).read()[0]
+
+
+def _unscaled(
+    named: list[tuple[str, nn.Parameter]], loss_scale: float
+) -> list[tuple[str, torch.Tensor]]:
+    """The named gradients, divided by the loss scale (an Inf or a NaN stays one)."""
     grads = [(n, p.grad) for n, p in named if p.grad is not None]
-    bad = nonfinite_names(grads)
     if loss_scale != 1.0:
         for _, grad in grads:
             grad.div_(loss_scale)
-    return bad
+    return grads
 
 
 class LocalGradientSync(GradientSync):
-    """One process: gradients stay as backward left them."""
+    """One process: gradients stay as backward left them (unscaled, if the loss was).
+
+    Its step costs the host one look at the GPU: `finish()` starts the check of the
+    gradients for NaN and Inf (`GradientCheck`), whose norms also give the clipping norm,
+    and `agree` reads both at once."""
 
     def __init__(self, model: nn.Module) -> None:
         self.model = model
         self.named = list(model.named_parameters())
         self.params = [param for _, param in self.named]
-        self._nonfinite: list[str] = []
+        self._check = GradientCheck([])
 
     def zero_grad(self) -> None:
         for param in self.params:
             param.grad = None
 
     def finish(self) -> float:
-        self._nonfinite = unscale_local_grads(self.named, self.loss_scale)
+        self._check = GradientCheck(_unscaled(self.named, self.loss_scale))
         return 0.0
 
-    def nonfinite(self) -> dict[int, list[str]]:
+    def norm_share(self) -> torch.Tensor:
+        """The whole squared norm: this process holds every gradient."""
+        return self._check.square()
+
+    def agree(self, share: torch.Tensor | None) -> Agreement:
         """This process alone: no collective (a local learner may step on its own schedule)."""
-        if not self._nonfinite:
-            return {}
-        return {dist.get_rank() if dist.is_initialized() else 0: self._nonfinite}
+        names, square = self._check.read(with_square=share is not None)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        norm = None if square is None else math.sqrt(max(square, 0.0))
+        return Agreement({rank: names} if names else {}, norm)
+
+    def nonfinite(self) -> dict[int, list[str]]:
+        return self.agree(None).nonfinite
 
 
 class TrainingStrategy(Protocol):

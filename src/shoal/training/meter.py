@@ -112,7 +112,10 @@ class RankPhases:
 class IntervalMeter:
     """Sums of one logging interval on this rank; `reduce` turns them into metrics."""
 
-    loss_sum: float = 0.0
+    #: the loss and the task's sums stay where the steps computed them (float64, summed
+    #: as the host would sum them) until `reduce`: reading them every step made the host
+    #: wait for the GPU's queue to drain every step
+    loss_sum: torch.Tensor | float = 0.0
     samples: float = 0.0
     compute_s: float = 0.0
     comm_s: float = 0.0
@@ -120,13 +123,13 @@ class IntervalMeter:
     sent_bytes: float = 0.0
     skipped: int = 0
     steps: int = 0
-    sums: dict[str, float] = field(default_factory=dict)
+    sums: dict[str, torch.Tensor | float] = field(default_factory=dict)
     phases: RankPhases = field(default_factory=RankPhases)
     grad_norm: float | None = None  # the latest measured norm of the interval
     started: float = field(default_factory=time.perf_counter)
 
     def add(self, stats: StepStats) -> None:
-        self.loss_sum += float(stats.loss_sum)
+        self.loss_sum = self.loss_sum + _as_double(stats.loss_sum)
         self.samples += stats.samples
         self.compute_s += stats.compute_s
         self.comm_s += stats.comm_s
@@ -138,15 +141,16 @@ class IntervalMeter:
         if stats.grad_norm is not None:
             self.grad_norm = stats.grad_norm
         for name, value in stats.sums.items():
-            self.sums[name] = self.sums.get(name, 0.0) + float(value)
+            self.sums[name] = self.sums.get(name, 0.0) + _as_double(value)
 
     def reduce(self, ctx: WorkerContext) -> dict[str, float]:
         """Collective: sums over ranks. Loss and `train_*` are per sample; times are rank means."""
         names = sorted(self.sums)
-        local = [self.loss_sum, self.samples, self.compute_s, self.comm_s, self.wall_s]
+        kept = _read([self.loss_sum, *(self.sums[n] for n in names)])
+        local = [kept[0], self.samples, self.compute_s, self.comm_s, self.wall_s]
         local += [self.sent_bytes, self.skipped]
         local += [self.grad_norm or 0.0, float(self.grad_norm is not None)]
-        local += [self.sums[n] for n in names]
+        local += kept[1:]
         # each rank's own slots: its phases per step and its peak memory
         total = all_reduce_sum(ctx, local + self.phases.slots(ctx, self.steps))
         per_rank, total = total[len(local) :], total[: len(local)]
@@ -171,3 +175,16 @@ class IntervalMeter:
             metrics[f"train_{name}"] = value / samples
         metrics.update(self.phases.read(per_rank, ctx.world_size))
         return metrics
+
+
+def _as_double(value: torch.Tensor | float) -> torch.Tensor | float:
+    return value.detach().double() if isinstance(value, torch.Tensor) else float(value)
+
+
+def _read(values: list[torch.Tensor | float]) -> list[float]:
+    """The host's floats of `values`, the tensors among them read in one transfer."""
+    tensors = [v for v in values if isinstance(v, torch.Tensor)]
+    if not tensors:
+        return [float(v) for v in values]
+    read = iter(torch.stack([t.to(tensors[0].device) for t in tensors]).tolist())
+    return [next(read) if isinstance(v, torch.Tensor) else float(v) for v in values]
