@@ -21,8 +21,14 @@ group). Besides tokens/s it reports each rank's bytes of parameters + gradients 
 optimizer state (its local shards; shoal's results.json `memory` or `pipeline`
 sections; local and data_parallel hold the whole model: 16 bytes a parameter with AdamW).
 
+With `--device cuda` (one GPU: NCCL refuses two ranks on one device) the rows are local
+and data_parallel with one replica (its step's collectives through NCCL) beside the plain
+loop and DDP on the GPU; tokens/s then come from wall time (shoal's intervals, the plain
+loop's timed steps between two synchronizations), which holds the kernels still queued.
+
     .venv/bin/python benchmarks/lm_parallel.py [--rows pipeline|spmd] [--steps 30]
         [--dim 128] [--layers 4] [--context 64] [--batch 16] [--only NAME] [--rounds N] [--phases]
+        [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -89,7 +95,7 @@ def shoal_run(
         },
         "checkpoint": {"every_epochs": 0, "at_end": False, "keep_best": False},
         "monitor": {"progress": "off", "log_every_steps": INTERVAL},
-        "run": {"dir": scratch, "name": name},
+        "run": {"dir": scratch, "name": name, "device": args.device},
     }
     result = shoal.train(config)
     lines = (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()
@@ -237,6 +243,12 @@ SPMD_ROWS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
         {"dims": {"pipeline": 2, "tensor": 2}},
     ),
 ]
+#: with --device cuda: the rows one GPU can hold (NCCL refuses two ranks on one device);
+#: data_parallel's one replica runs its step's collectives through NCCL, beside DDP's
+GPU_ROWS: list[tuple[str, dict[str, Any], dict[str, Any]]] = [
+    ("local", {"type": "local"}, {"dims": {}}),
+    ("data_parallel 1", {"type": "data_parallel", "num_replicas": 1}, {"dims": {}, "ddp": True}),
+]
 
 
 def state_bytes_of(result: dict[str, Any], params: int) -> list[float]:
@@ -254,7 +266,10 @@ def spmd_shoal_row(args: argparse.Namespace, strategy: dict[str, Any], scratch: 
     if args.phases:
         print_phases(result["world_size"], train)
     steps = len(train) * INTERVAL
-    tokens_s = steps * args.batch * args.context / sum(r["step_s"] for r in train)
+    # on a GPU the steps' own times miss the kernels still queued when a step's clock
+    # stops: the intervals' wall time (from one log record to the next) holds them all
+    took = sum(r["interval_s" if args.device == "cuda" else "step_s"] for r in train)
+    tokens_s = steps * args.batch * args.context / took
     from shoal.tasks.lm.config import LMModelConfig
     from shoal.tasks.lm.model import build_lm
 
@@ -303,10 +318,14 @@ def plain_spmd_worker(
     from shoal.tasks.lm.parallel import tensor_parallel_plan
 
     dims: dict[str, int] = layout["dims"]
+    device = torch.device("cuda", rank) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)
     if world > 1:  # one process alone keeps torch's threads, as shoal's local does
         torch.set_num_threads(1)
+    if world > 1 or layout.get("ddp"):
         dist.init_process_group(
-            "gloo",
+            "nccl" if device.type == "cuda" else "gloo",
             store=dist.FileStore(store, world),
             rank=rank,
             world_size=world,
@@ -315,7 +334,7 @@ def plain_spmd_worker(
     vocab, batch, m = 65, args.batch, 4
     config = LMModelConfig(dim=args.dim, heads=4, layers=args.layers, context=args.context)
     torch.manual_seed(1)
-    model: Any = build_lm(config, vocab)
+    model: Any = build_lm(config, vocab).to(device)
     mesh = (
         init_device_mesh("cpu", tuple(dims.values()), mesh_dim_names=tuple(dims)) if dims else None
     )
@@ -328,7 +347,7 @@ def plain_spmd_worker(
     if "tensor" in dims and mesh is not None:
         parallelize_module(model, mesh["tensor"], tensor_parallel_plan(model))
     if layout.get("ddp"):
-        model = DistributedDataParallel(model)
+        model = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None)
     elif "data" in dims and mesh is not None:
         for block in model.blocks.children():
             fully_shard(block, mesh=mesh["data"])
@@ -357,11 +376,15 @@ def plain_spmd_worker(
     phases: list[tuple[float, float, float]] = []
     for step in range(args.steps):
         tokens = torch.randint(0, vocab, (share, args.context + 1), generator=generator)
+        tokens = tokens.to(device)
         started = time.perf_counter()
         for p in params:
             p.grad = None
         if step == args.warmup:
             clock.take()
+            if device.type == "cuda":  # the timed steps' wall time, from an idle GPU to one
+                torch.cuda.synchronize()
+                region_started = time.perf_counter()
         backward_started = time.perf_counter()
         if schedule is None:
             loss_fn(model(tokens[:, :-1]), tokens[:, 1:]).backward()
@@ -397,7 +420,11 @@ def plain_spmd_worker(
             f"(idle {idle:.1f}), clipping {clipping:.1f} ms, optimizer {stepping:.1f} ms",
             flush=True,
         )
-    figures = torch.tensor([sum(times), state / 2**20], dtype=torch.float64)
+    took = sum(times)
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+        took = time.perf_counter() - region_started
+    figures = torch.tensor([took, state / 2**20], dtype=torch.float64)
     gathered = [figures]
     if world > 1:
         gathered = [torch.zeros_like(figures) for _ in range(world)]
@@ -409,7 +436,7 @@ def plain_spmd_worker(
             "state_mb": [float(g[1]) for g in gathered],
         }
         Path(store + ".json").write_text(json.dumps(out))
-    if world > 1:
+    if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
 
@@ -476,7 +503,7 @@ def spmd_rows(args: argparse.Namespace) -> None:
     config = LMModelConfig(dim=args.dim, heads=4, layers=args.layers, context=args.context)
     local_mb = 16 * sum(p.numel() for p in build_lm(config, 65).parameters()) / 2**20
     with tempfile.TemporaryDirectory() as scratch:
-        for name, strategy, layout in SPMD_ROWS:
+        for name, strategy, layout in GPU_ROWS if args.device == "cuda" else SPMD_ROWS:
             if args.only and args.only not in name:
                 continue
             mine, plain, rounds = alternate(
@@ -562,7 +589,15 @@ def main() -> None:
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--context", type=int, default=64)
     parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument(
+        "--device",
+        choices=("cpu", "cuda"),
+        default="cpu",
+        help="cuda: the spmd rows one GPU holds (local, data_parallel 1 over NCCL)",
+    )
     args = parser.parse_args()
+    if args.device == "cuda" and args.rows != "spmd":
+        parser.error("--device cuda: the pipeline rows need a GPU per rank; use --rows spmd")
     if args.rows == "spmd":
         spmd_rows(args)
         return
