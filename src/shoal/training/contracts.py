@@ -112,15 +112,11 @@ class AgreeingSync(GradientSync):
         return agree_on_step(self.found, self.agree_device, share)
 
 
-def unscale_local_grads(named: list[tuple[str, nn.Parameter]], loss_scale: float) -> list[str]:
-    """Undo the loss scale on gradients no one else combines; the names of non-finite ones."""
-    return GradientCheck(_unscaled(named, loss_scale)).read()[0]
-
-
-def _unscaled(
+def unscaled_grads(
     named: list[tuple[str, nn.Parameter]], loss_scale: float
 ) -> list[tuple[str, torch.Tensor]]:
-    """The named gradients, divided by the loss scale (an Inf or a NaN stays one)."""
+    """The named gradients no one else combines, divided by the loss scale (an Inf or a
+    NaN stays one), for a `GradientCheck`."""
     grads = [(n, p.grad) for n, p in named if p.grad is not None]
     if loss_scale != 1.0:
         for _, grad in grads:
@@ -146,7 +142,7 @@ class LocalGradientSync(GradientSync):
             param.grad = None
 
     def finish(self) -> float:
-        self._check = GradientCheck(_unscaled(self.named, self.loss_scale))
+        self._check = GradientCheck(unscaled_grads(self.named, self.loss_scale))
         return 0.0
 
     def norm_share(self) -> torch.Tensor:

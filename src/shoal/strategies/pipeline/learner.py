@@ -52,11 +52,11 @@ from shoal.strategies.pipeline.stages import (
     stage_indices,
 )
 from shoal.tasks.base import LossOutput, Task
-from shoal.training.clipping import norm_share
-from shoal.training.contracts import AgreeingSync, unscale_local_grads
+from shoal.training.contracts import AgreeingSync, unscaled_grads
 from shoal.training.faults import straggle
 from shoal.training.learner import Learner
 from shoal.training.meter import StepStats
+from shoal.training.nonfinite import GradientCheck
 from shoal.training.optim import build_optimizer, build_scheduler
 from shoal.training.steps import LocalModel
 
@@ -76,6 +76,7 @@ class PipelineSync(AgreeingSync):
         self.ranks = place.total // len(place.indices)
         self.local = len(place.indices)
         self.found: list[str] = []
+        self._check = GradientCheck([])  # the step's non-finite check, its norms kept
         self._step_started = (0.0, 0.0)  # the clock's (compute, step) before this step
         self.totals = {"compute_s": 0.0, "step_s": 0.0, "steps": 0.0}
         self.state_bytes = 0
@@ -112,11 +113,13 @@ class PipelineSync(AgreeingSync):
         """Undo the loss scale; the names of non-finite gradients here. Nothing to combine
         across ranks: each parameter lives on one (a hybrid mesh's stage reduces its data
         dimension here)."""
-        return unscale_local_grads(self.named, self.loss_scale)
+        self._check = GradientCheck(unscaled_grads(self.named, self.loss_scale))
+        return self._check.read()[0]
 
     def norm_share(self) -> torch.Tensor:
-        """The squares of this rank's gradients: each parameter lives on one rank."""
-        return norm_share(param for _, param in self.named)
+        """The squares of this rank's gradients (each parameter lives on one rank), from
+        the norms the non-finite check took: one pass over them for both."""
+        return self._check.square()
 
     @property
     def agree_device(self) -> torch.device:
