@@ -18,18 +18,17 @@ from __future__ import annotations
 import argparse
 import collections
 import tempfile
-from pathlib import Path
 from typing import Any
 
 import torch
 import torch.nn.functional as F
+from lm_parallel import lm_config  # beside this file
 from torch.profiler import ProfilerActivity, profile
 
 import shoal
 from shoal.tasks.lm.config import LMModelConfig
 from shoal.tasks.lm.model import build_lm
 
-TEXT = Path(__file__).resolve().parents[2] / "shared" / "datasets" / "tinyshakespeare"
 RUNTIME = ("cudaStreamSynchronize", "cudaMemcpyAsync", "cudaLaunchKernel", "cudaLaunchKernelExC")
 VOCAB = 65
 ACTIVITIES = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
@@ -48,32 +47,10 @@ def gpu_ms(prof: Any) -> dict[str, tuple[int, float]]:
 
 
 def shoal_profile(args: argparse.Namespace) -> Any:
-    model = {"dim": args.dim, "heads": 4, "layers": args.layers, "context": args.context}
     with tempfile.TemporaryDirectory() as runs:
-        config = {
-            "task": {
-                "type": "lm",
-                "data": {"train": str(TEXT / "input.txt.gz")},
-                "model": model,
-                "evaluation": {"max_windows": 1},
-            },
-            "strategy": {"type": "local"},
-            "train": {
-                "max_steps": args.steps,
-                "batch_size": args.batch,
-                "drop_last": True,
-                "seed": 1,
-                "optimizer": {"kind": "adamw", "lr": 1e-3},
-                "grad_clip_norm": 1.0,
-            },
-            "checkpoint": {"every_epochs": 0, "at_end": False, "keep_best": False},
-            "monitor": {"progress": "off", "log_every_steps": 5},
-            "run": {"dir": runs, "name": "warm", "device": args.device},
-        }
-        shoal.train(config)  # the GPU's and the allocator's first use, unprofiled
-        config["run"] = {**config["run"], "name": "profiled"}
+        shoal.train(lm_config(args, {"type": "local"}, "warm", runs))  # CUDA's first use
         with profile(activities=ACTIVITIES) as prof:
-            shoal.train(config)
+            shoal.train(lm_config(args, {"type": "local"}, "profiled", runs))
     return prof
 
 

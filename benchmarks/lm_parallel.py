@@ -77,7 +77,17 @@ def shoal_run(
     args: argparse.Namespace, strategy: dict[str, Any], name: str, scratch: str
 ) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """shoal's run of the tinyshakespeare lm under `strategy`; its timed metric records."""
-    config = {
+    result = shoal.train(lm_config(args, strategy, name, scratch))
+    lines = (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()
+    train = [r for r in map(json.loads, lines) if r["event"] == "train"][args.warmup // INTERVAL :]
+    return result, train
+
+
+def lm_config(
+    args: argparse.Namespace, strategy: dict[str, Any], name: str, scratch: str
+) -> dict[str, Any]:
+    """The benchmark's job: the lm of `args`' size under `strategy`, AdamW, clipping."""
+    return {
         "task": {
             "type": "lm",
             "data": {"train": str(TEXT)},
@@ -97,10 +107,6 @@ def shoal_run(
         "monitor": {"progress": "off", "log_every_steps": INTERVAL},
         "run": {"dir": scratch, "name": name, "device": args.device},
     }
-    result = shoal.train(config)
-    lines = (Path(result["run_dir"]) / "metrics.jsonl").read_text().splitlines()
-    train = [r for r in map(json.loads, lines) if r["event"] == "train"][args.warmup // INTERVAL :]
-    return result, train
 
 
 def plain_worker(rank: int, args: argparse.Namespace, schedule: str, m: int, store: str) -> None:

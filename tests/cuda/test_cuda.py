@@ -24,6 +24,7 @@ import torch
 from shoal.monitor.metrics import read_metrics
 from tests.conftest import GPU_ENV, run_shoal, small_job
 from tests.tasks.kge.planted import random_mrr, write_planted_graph
+from tests.tasks.kge.test_training import kge_job
 from tests.tasks.lm.helpers import VERSE, lm_job, write_text
 
 
@@ -202,25 +203,8 @@ def test_kge_learns_the_planted_structure_on_the_gpu(tmp_path: Path) -> None:
     CPU's parameters: Adam (lr 0.05) turns the devices' different rounding into different
     paths (TransE, 10 epochs: entries up to 0.64 apart on an H100)."""
     graph = {k: str(v) for k, v in write_planted_graph(tmp_path).items()}
-    job: dict[str, Any] = {
-        "task": {
-            "type": "kge",
-            "dim": 32,
-            "model": {"type": "distmult"},
-            "data": graph,
-            "negatives": {"num_negatives": 16, "chunk_size": 16},
-            "loss": {"kind": "softmax"},
-        },
-        "train": {
-            "epochs": 30,
-            "batch_size": 32,
-            "optimizer": {"kind": "adam", "lr": 0.05},
-            "eval_every_epochs": 10,
-        },
-        "checkpoint": {"every_epochs": 0},
-        "run": {"dir": str(tmp_path / "runs"), "name": "kge", "device": "cuda"},
-        "monitor": {"progress": "off"},
-    }
+    run = {"dir": str(tmp_path / "runs"), "name": "kge", "device": "cuda"}
+    job = kge_job(tmp_path / "runs", graph, run=run)
     train(job)
     results = results_of(job)
     assert results["test"]["mrr"] > 3 * random_mrr(results["data"]["entities"])
