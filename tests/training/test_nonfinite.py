@@ -11,7 +11,12 @@ import torch
 import shoal
 from shoal.checkpoint.manager import list_checkpoints, load_checkpoint
 from shoal.errors import EXIT_HALTED, TrainingHalted
-from shoal.training.nonfinite import describe_nonfinite, is_finite, nonfinite_names
+from shoal.training.nonfinite import (
+    GradientCheck,
+    describe_nonfinite,
+    is_finite,
+    nonfinite_names,
+)
 from tests.conftest import final_state, run_shoal, small_job
 
 JOB = """
@@ -93,5 +98,12 @@ def test_finiteness_checks() -> None:
     ]
     assert nonfinite_names(named) == ["double", "sparse", "nan"]
     assert nonfinite_names([("huge", torch.full((4,), 3e38))]) == []
+    # the squared norm: a sparse gradient's repeated rows summed first (1 + 2 at row 0)
+    repeated = torch.sparse_coo_tensor([[0, 0, 3]], torch.tensor([[1.0], [2.0], [4.0]]), (5, 1))
+    check = GradientCheck([("dense", torch.tensor([3.0, 4.0])), ("sparse", repeated)])
+    assert check.read(with_square=True) == ([], 25.0 + 9.0 + 16.0)
+    # an overflowed square, summed again in float64
+    huge = GradientCheck([("huge", torch.full((4,), 3e38))]).read(with_square=True)
+    assert huge == ([], pytest.approx(4 * 3e38**2, rel=1e-6))
     bad = {2: ["w", "b"], 0: [f"p{i}" for i in range(6)]}
     assert describe_nonfinite(bad) == "rank 0 (p0, p1, p2, p3 and 2 more); rank 2 (w, b)"
