@@ -10,7 +10,8 @@ other jobs waiting for the machine get it. The first chunk starts the run in
 RUNS/<model>; every later chunk is `shoal train --resume RUNS/<model>`, which continues
 from the newest checkpoint exactly (the configs checkpoint every few hundred steps, so
 a chunk that is cut off loses little). A model is done when its run directory holds a
-results.json; the driver then prints its test figures and goes on to the next.
+results.json of status "completed"; the driver then prints its test figures and goes
+on to the next.
 Stopped and restarted, the driver picks every run up where its checkpoints left it.
 """
 
@@ -26,6 +27,13 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 LOCK = REPO.parent / "shared" / "tools" / "one-at-a-time"
+
+
+def finished(run: Path) -> bool:
+    """The run reached its end: a results.json whose status is "completed". A chunk cut off
+    by its timeout's SIGTERM writes one too, with status "stopped", and goes on next chunk."""
+    results = run / "results.json"
+    return results.exists() and json.loads(results.read_text()).get("status") == "completed"
 
 
 def has_checkpoint(run: Path) -> bool:
@@ -56,7 +64,7 @@ def train_to_the_end(
     allow_changes: bool = False,
 ) -> dict[str, object]:
     chunk = failures = 0
-    while not (run / "results.json").exists():
+    while not finished(run):
         if run.exists() and not has_checkpoint(run):
             shutil.rmtree(run)  # a first chunk cut off before its first checkpoint: start over
         chunk += 1
