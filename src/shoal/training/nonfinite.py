@@ -57,36 +57,36 @@ class GradientCheck:
 
     def __init__(self, named: Iterable[tuple[str, torch.Tensor | None]]) -> None:
         self.names: list[str] = []
-        groups: dict[tuple[torch.device, torch.dtype], list[tuple[str, torch.Tensor]]] = {}
-        #: each tensor as its norm must see it: a sparse one coalesced (values summed where
-        #: an index repeats), which costs a sort (~40x the norms' pass), so only `square`
-        #: does it; its values are checked as they stand (finite or not either way)
-        self._whole: list[torch.Tensor | Callable[[], torch.Tensor]] = []
+        #: sparse gradients by name: their values are checked as they stand (finite or not
+        #: whether or not an index repeats), but a norm needs them coalesced (values summed
+        #: where an index repeats), which costs a sort (~40x the norms' pass): `_whole`
+        self._sparse: dict[str, torch.Tensor] = {}
+        entries: list[tuple[str, torch.Tensor]] = []
         for name, tensor in named:
             if tensor is None:
                 continue
             self.names.append(name)
-            values = tensor._values() if tensor.is_sparse else tensor
-            self._whole.append(_coalesced_values(tensor) if tensor.is_sparse else tensor)
-            if values.numel():
-                groups.setdefault((values.device, values.dtype), []).append((name, values))
-        self._groups = [
-            (group, torch.stack(torch._foreach_norm([values for _, values in group])))
-            for group in groups.values()
-        ]
+            if tensor.is_sparse:
+                self._sparse[name] = tensor
+                tensor = tensor._values()
+            entries.append((name, tensor))
+        self._groups = _norms_by_kind(entries)
         self._square: torch.Tensor | None = None
+
+    def _whole(self) -> list[tuple[str, torch.Tensor]]:
+        """Each tensor as its norm must see it: a sparse one by its coalesced values."""
+        return [
+            (name, self._sparse[name].coalesce()._values() if name in self._sparse else values)
+            for group, _ in self._groups
+            for name, values in group
+        ]
 
     def square(self) -> torch.Tensor:
         """The squared 2-norm of all the tensors together (float64, on their device), not
         yet read by the host."""
         if self._square is None:
-            norms = [n for _, n in self._groups]
-            if any(callable(t) for t in self._whole):  # sparse ones: their norms coalesced
-                pieces = [t() if callable(t) else t for t in self._whole]
-                norms = [
-                    n for _, n in GradientCheck((str(i), t) for i, t in enumerate(pieces))._groups
-                ]
-            parts = [n.double().pow(2).sum() for n in norms]
+            groups = _norms_by_kind(self._whole()) if self._sparse else self._groups
+            parts = [norms.double().pow(2).sum() for _, norms in groups]
             device = parts[0].device if parts else torch.device("cpu")
             self._square = torch.zeros((), dtype=torch.float64, device=device)
             for part in parts:
@@ -116,9 +116,7 @@ class GradientCheck:
             )
         square = values[-1] if with_square else None
         if square is not None and not bad and not math.isfinite(square):
-            square = sum(
-                float(t.double().pow(2).sum()) for group, _ in self._groups for _, t in group
-            )
+            square = sum(float(t.double().pow(2).sum()) for _, t in self._whole())
         return [name for name in self.names if name in bad], square
 
 
@@ -195,5 +193,16 @@ def describe_nonfinite(
     return "; ".join(parts)
 
 
-def _coalesced_values(sparse: torch.Tensor) -> Callable[[], torch.Tensor]:
-    return lambda: sparse.coalesce()._values()
+def _norms_by_kind(
+    entries: list[tuple[str, torch.Tensor]],
+) -> list[tuple[list[tuple[str, torch.Tensor]], torch.Tensor]]:
+    """The non-empty tensors grouped by device and dtype, each group with its tensors'
+    norms stacked (one `torch._foreach_norm` per group)."""
+    groups: dict[tuple[torch.device, torch.dtype], list[tuple[str, torch.Tensor]]] = {}
+    for name, tensor in entries:
+        if tensor.numel():
+            groups.setdefault((tensor.device, tensor.dtype), []).append((name, tensor))
+    return [
+        (group, torch.stack(torch._foreach_norm([tensor for _, tensor in group])))
+        for group in groups.values()
+    ]
