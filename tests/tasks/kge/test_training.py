@@ -188,7 +188,25 @@ def test_sparse_row_gradients_train_without_torch_warnings(
     (tmp_path / "sparse.toml").write_text(tomli_w.dumps(job))
     done = run_shoal("train", "sparse.toml", cwd=tmp_path)
     assert done.returncode == 0, done.stderr
-    assert "Warning" not in done.stderr, done.stderr
+    assert "UserWarning" not in done.stderr, done.stderr
+
+
+def test_sparse_training_keeps_the_sparse_invariant_checks_a_user_turned_on(
+    runs: Path, graph: dict[str, str]
+) -> None:
+    """`local` trains in the caller's process: torch's switch is the caller's to keep."""
+    torch.sparse.check_sparse_tensor_invariants.enable()
+    try:
+        job = kge_job(
+            runs,
+            graph,
+            task={"sparse_gradients": True},
+            train={"optimizer": {"kind": "adagrad", "lr": 0.05}, "max_steps": 2},
+        )
+        shoal.train(job)
+        assert torch.sparse.check_sparse_tensor_invariants.is_enabled()
+    finally:
+        torch.sparse.check_sparse_tensor_invariants.disable()
 
 
 @pytest.mark.parametrize(

@@ -73,8 +73,10 @@ class KGETask(Task):
         if config.sparse_gradients:
             check_sparse_setup(ctx)
             # torch's default, said explicitly: left implicit, the first sparse optimizer
-            # step of every run warns that the checks are "implicitly disabled"
-            torch.sparse.check_sparse_tensor_invariants.disable()
+            # step of every run warns that the checks are "implicitly disabled" (a user
+            # who turned the checks on keeps them)
+            if not torch.sparse.check_sparse_tensor_invariants.is_enabled():
+                torch.sparse.check_sparse_tensor_invariants.disable()
         self.training = build_training_type(config, self.data, ctx.config.train.seed)
         self._filters: dict[str, tuple[torch.Tensor, FilterIndex | None]] = {}
         self.embeddings_dir = ctx.paths.root / "embeddings"
