@@ -104,8 +104,9 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "parameter server: a dense task",
         GOOD + '\n[strategy]\ntype = "parameter_server"\n',
         [],
-        "strategy parameter_server serves embedding tables: it trains task type 'kge', not "
-        "'classification'; use data_parallel for dense models",
+        "bad.toml:9: strategy.type: strategy parameter_server needs a task that can have its "
+        "embedding rows held by parameter servers: task type 'classification' has no embedding "
+        "tables; use data_parallel for a dense model",
     ),
     (
         "parameter server: colocated needs a worker per server",

@@ -147,7 +147,7 @@ def test_a_job_that_shrinks_under_the_agent_s_shared_store_says_how_to_grow_back
 
 def test_a_snapshot_replica_travels_as_plain_bytes_and_refuses_a_path(tmp_path: Path) -> None:
     from shoal.recovery.replicas import pack, replica_peer, unpack_into
-    from shoal.runtime.hosts import Hosts
+    from shoal.shape.hosts import Hosts
 
     snapshot = _fake_checkpoint(tmp_path / "rank0", 12)
     kept = tmp_path / "peer"

@@ -70,16 +70,20 @@ def _starts_workers(args: argparse.Namespace) -> bool:
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from shoal.config import load_config
-    from shoal.strategies.registry import strategy_class
+    """The planner without the launch: every rule the config alone decides, in one pass; then
+    the strategy's and task's classes, imported as a job would (a plugin that does not
+    import fails here, not in its workers)."""
+    from shoal.config.custom import section_class
+    from shoal.launch.plan import plan_job
+    from shoal.plugins.kinds import STRATEGIES, TASKS
 
-    config = load_config(args.file, args.set)
-    strategy = strategy_class(config.strategy)
-    strategy.check(config)
-    world = strategy.world_size(config)
+    plan = plan_job(args.file, args.set)
+    config, world = plan.config, plan.world_size
+    section_class(STRATEGIES, config.strategy)
+    section_class(TASKS, config.task)
     print(
         f"{args.file}: valid (task {config.task.type}, strategy {config.strategy.type}, "
-        f"{world} worker{'s' if world > 1 else ''})"
+        f"{world} worker{'s' if world > 1 else ''}{plan.shape.describe_members()})"
     )
     return EXIT_OK
 

@@ -73,7 +73,7 @@ TASKS = PluginRegistry(
         "tasks",
         "task",
         "type",
-        "shoal.tasks.base:Task",
+        "shoal.protocols.task:Task",
         (
             (
                 "classification",

@@ -22,7 +22,7 @@ from shoal.checkpoint.parts import Custom, FilePart, ModelPart, StatePart, colle
 from shoal.checkpoint.sharded import MARKER, load_plain_optimizer, sharded_part
 from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
-from shoal.tasks.base import LossOutput, Task
+from shoal.protocols.task import LossOutput, Task
 from shoal.training.balance import BatchShares
 from shoal.training.batching import local_share, micro_batches
 from shoal.training.clipping import clip_by_global_norm, clip_to_norm, global_norm
@@ -123,9 +123,10 @@ class Learner:
         nonfinite = agreed.nonfinite
         if nonfinite and self.train.on_nonfinite == "halt":
             where = f" at step {global_step}" if global_step is not None else ""
+            named = describe_nonfinite(nonfinite, self.task.ctx.describe_rank)
             raise TrainingHalted(
                 f"training halted{where}: non-finite gradients (NaN/Inf) on "
-                f"{describe_nonfinite(nonfinite, self.sync.describe_rank)}; every worker stopped "
+                f"{named}; every worker stopped "
                 "before the optimizer step, so the newest checkpoint is the last good state. "
                 "Resume from it with a "
                 "lower train.optimizer.lr or a train.grad_clip_norm, or set "

@@ -8,11 +8,15 @@ valid, so each error names the field to change.
 from __future__ import annotations
 
 from abc import abstractmethod
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import FieldError, StrategySection
+from shoal.config.base import RESUME_SAFE, FieldError, StrategySection, task_section
+from shoal.protocols.capabilities import PIPELINE_STAGES
+from shoal.shape.hosts import Hosts
+from shoal.shape.job import stage_label
+from shoal.shape.roles import RankRoles
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
 
@@ -28,32 +32,40 @@ class PipelineFields(StrategySection):
         "[[0, 3], [4, 7]]: contiguous, covering every block once (stages x virtual_stages "
         "entries). Unset: shoal times each block's forward and backward on real batches and "
         "picks the contiguous split whose costliest stage is cheapest.",
+        json_schema_extra=RESUME_SAFE,
     )
     balance: Literal["time", "memory", "both"] = Field(
         "time",
         description="Without `partitions`: what the computed split balances. time = measured "
         "forward + backward seconds per block; memory = parameters, gradients, optimizer "
         "state and saved activations per block; both = the sum of each block's two shares.",
+        json_schema_extra=RESUME_SAFE,
     )
     balance_batches: int = Field(
-        3, ge=1, description="Batches timed per block to balance the partition (median)."
+        3,
+        ge=1,
+        description="Batches timed per block to balance the partition (median).",
+        json_schema_extra=RESUME_SAFE,
     )
     microbatches: int = Field(
         4,
         ge=1,
         description="Micro-batches each batch is cut into; they must divide train.batch_size.",
+        json_schema_extra=RESUME_SAFE,
     )
     schedule: Literal["gpipe", "1f1b", "interleaved_1f1b"] = Field(
         "1f1b",
         description="gpipe = all forwards, then all backwards; 1f1b = one forward, one "
         "backward in the steady state (fewer activations held); interleaved_1f1b = 1F1B over "
         "`virtual_stages` stages per rank (a smaller bubble, more messages).",
+        json_schema_extra=RESUME_SAFE,
     )
     virtual_stages: int | None = Field(
         None,
         ge=1,
         description="Stages per rank for schedule = interleaved_1f1b (default 2; at least 2); "
         "rank r holds stages r, r + stages, ... Only 1 for the other schedules.",
+        json_schema_extra=RESUME_SAFE,
     )
 
     rebalance: Literal["off", "checkpoint"] = Field(
@@ -65,6 +77,7 @@ class PipelineFields(StrategySection):
         "stages, the partition is checkpointed. With `partitions` given, training starts "
         "from them (the blocks are still profiled, to compare them). off = the partition "
         "stays.",
+        json_schema_extra=RESUME_SAFE,
     )
     rebalance_threshold: float = Field(
         0.1,
@@ -72,6 +85,7 @@ class PipelineFields(StrategySection):
         lt=1,
         description="rebalance = checkpoint: re-partition when the slowest stage's time would "
         "fall by more than this fraction of it.",
+        json_schema_extra=RESUME_SAFE,
     )
 
     @model_validator(mode="after")
@@ -123,8 +137,10 @@ class PipelineFields(StrategySection):
         return self.pipeline_ranks * self.local_stages
 
     def check_pipeline(self, config: Any, data: int = 1) -> None:
-        """Blocks enough for the stages; a partition that covers them; micro-batches that
-        divide each of the `data` replicas' share of the batch."""
+        """A task whose model cuts into stages; blocks enough for the stages; a partition
+        that covers them; micro-batches that divide each of the `data` replicas' share of
+        the batch; the task's own rules for a pipeline."""
+        self.require(PIPELINE_STAGES, config)
         train = config.train
         blocks = model_blocks(config)
         total = self.total_stages
@@ -173,13 +189,6 @@ class PipelineFields(StrategySection):
                 "rebalance = checkpoint re-partitions at periodic checkpoints and none is "
                 'written; set checkpoint.every_steps (or every_epochs), or rebalance = "off"',
             )
-        task_model = getattr(config.task, "model", None)
-        if getattr(task_model, "tie_embeddings", False):
-            raise FieldError(
-                ("task", "model", "tie_embeddings"),
-                "strategy pipeline puts the embedding on the first stage and the head on the "
-                "last, which tying would share; set tie_embeddings = false",
-            )
 
 
 class PipelineStrategyConfig(PipelineFields):
@@ -187,11 +196,16 @@ class PipelineStrategyConfig(PipelineFields):
     through them under a GPipe, 1F1B or interleaved 1F1B schedule (torch.distributed.pipelining)."""
 
     type: Literal["pipeline"] = "pipeline"
+    workers_field: ClassVar[str | None] = "stages"
+    #: its checkpoints hold the whole model and one optimizer state, as these do
+    resumes_from: ClassVar[tuple[str, ...]] = ("local", "data_parallel")
+
     stages: int = Field(
         2,
         ge=2,
         description="Pipeline ranks (worker processes `shoal train` starts; `--workers` sets "
         "it). With schedule = interleaved_1f1b each rank holds `virtual_stages` stages.",
+        json_schema_extra=RESUME_SAFE,
     )
 
     @property
@@ -202,17 +216,29 @@ class PipelineStrategyConfig(PipelineFields):
     def stages_field(self) -> tuple[str, ...]:
         return ("strategy", "stages")
 
+    def roles(self, hosts: Hosts | None) -> RankRoles:
+        """One pipeline over the world, stage r on rank r (a 1-D mesh keeps rank order, see
+        shape/placement.py); the log says which hosts it spans."""
+        return RankRoles.mesh(self.stages, {"pipeline": self.stages}, hosts)
+
+    def rank_labels(self, roles: RankRoles) -> tuple[str, ...]:
+        return tuple(
+            stage_label(rank, self.stages, self.local_stages) for rank in range(self.stages)
+        )
+
     def check(self, config: Any) -> None:
-        """The loop's length, then the pipeline's rules."""
+        """The loop's length, then the pipeline's rules and the task's for a pipeline."""
         super().check(config)
         self.check_pipeline(config)
+        fields = {"pipeline": self.stages_field}
+        self.check_task_layout(config, {"pipeline": self.total_stages}, fields)
 
 
 def model_blocks(config: Any) -> int | None:
     """Blocks of the task's model when its config says (an lm's `layers`), else None
     (then the model is asked when it is built)."""
-    layers = getattr(getattr(config.task, "model", None), "layers", None)
-    return layers if isinstance(layers, int) else None
+    blocks = getattr(task_section(config), "pipeline_blocks", None)
+    return blocks() if callable(blocks) else None
 
 
 def check_partitions(

@@ -32,19 +32,8 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
+from shoal.shape.job import stage_indices
 from shoal.strategies.pipeline.partition import Partition
-
-
-def stage_indices(group_rank: int, ranks: int, local: int) -> list[int]:
-    """The stages rank `group_rank` holds (loop placement)."""
-    return [group_rank + k * ranks for k in range(local)]
-
-
-def describe_stage_rank(rank: int, ranks: int, local: int) -> str:
-    """'rank 1 (pipeline stage 1)', 'rank 0 (pipeline stages 0, 2)'."""
-    held = stage_indices(rank, ranks, local)
-    word = "stage" if len(held) == 1 else "stages"
-    return f"rank {rank} (pipeline {word} {', '.join(map(str, held))})"
 
 
 @dataclass
@@ -96,7 +85,7 @@ def join_stages(modules: list[nn.Module]) -> nn.Module:
 
 
 def build_stages(
-    model: Any,
+    cut: Callable[[int, int], nn.Module],
     partition: Partition,
     group: dist.ProcessGroup | None,
     group_rank: int,
@@ -104,7 +93,8 @@ def build_stages(
     device: torch.device,
     prepare: Callable[[nn.Module], nn.Module] | None = None,
 ) -> PipelinePlace:
-    """This rank's stages of `model` (anything with `stage(first, last)`, e.g. the lm).
+    """This rank's stages, each `cut(first, last)` of the model (the task's
+    `pipeline_stage`, sharing the full model's modules).
 
     `prepare` lays each stage module out before torch's stage wraps it (a hybrid mesh
     shards it over its tensor and data dimensions); without it the stages share the
@@ -113,7 +103,7 @@ def build_stages(
     if total % ranks:
         raise ValueError(f"{total} stages do not spread evenly over {ranks} ranks")
     indices = stage_indices(group_rank, ranks, total // ranks)
-    modules = [model.stage(*partition[i]) for i in indices]
+    modules = [cut(*partition[i]) for i in indices]
     if prepare is not None:
         modules = [prepare(module) for module in modules]
     stages = [

@@ -55,13 +55,6 @@ def contains(dist: Distribution, value: float) -> bool:
     return dist.low <= value <= dist.high
 
 
-def bounds(dist: Distribution) -> tuple[float, float]:
-    """The smallest and largest value of `dist`."""
-    if isinstance(dist, Choice):
-        return min(dist.values), max(dist.values)
-    return dist.low, dist.high
-
-
 def sample_all(space: Mapping[str, Distribution], rng: np.random.Generator) -> Hyperparameters:
     """A value for every hyperparameter of the space, in the order of the names."""
     return {name: sample(space[name], rng) for name in sorted(space)}

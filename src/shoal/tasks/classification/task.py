@@ -10,9 +10,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.errors import ShoalError
+from shoal.protocols.task import LossOutput, Task, move_to, rank_slice
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
-from shoal.tasks.base import LossOutput, Task, move_to, rank_slice
 from shoal.tasks.classification.config import (
     ClassificationTaskConfig,
     FileDataConfig,
@@ -45,14 +45,6 @@ class ClassificationTask(Task):
     """Cross-entropy on (input, label) samples; reports loss and accuracy."""
 
     config_class: ClassVar[type[ClassificationTaskConfig]] = ClassificationTaskConfig
-
-    primary_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
-    tunable: ClassVar[dict[str, tuple[float, float]]] = {"dropout": (0.0, 1.0)}
-    resume_incompatible: ClassVar[tuple[str, ...]] = (
-        "model.hidden",
-        "data.features",
-        "data.classes",
-    )
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)

@@ -4,7 +4,7 @@ A triples file has one `head<TAB>relation<TAB>tail` a line. CRLF endings are
 tolerated (FB15k-237 ships with them: a loader that keeps the `\\r` counts 27,395
 "entities" instead of 14,541), blank lines are skipped; gzip, a byte-order mark
 and bytes that are not text are handled once for every text input, by
-`tasks/textfile.py`. A malformed line stops the run before training with
+`shoal/textfile.py`. A malformed line stops the run before training with
 `file:line: what is wrong`.
 """
 
@@ -19,7 +19,7 @@ import torch
 
 from shoal.errors import DataError, ShoalError
 from shoal.tasks.kge.config import BuiltinDataConfig, FilesDataConfig
-from shoal.tasks.textfile import read_text
+from shoal.textfile import read_text
 
 TRIPLE_LINES = "expected head<TAB>relation<TAB>tail lines"
 
