@@ -113,7 +113,9 @@ def resume_rules(config: ShoalConfig) -> ResumeRules:
     A marked field covers everything below it; a field that chooses among variants (a
     union: `task`, `strategy`, a KG model) marked incompatible covers its variant tag
     only, the fields inside each variant keeping their own marks. Every variant of a
-    union is read, not only the chosen one: the rules describe the config's schema."""
+    union inside a section is read, not only the chosen one (the rules describe the
+    section's schema); of the root's task and strategy, the chosen type's alone (another
+    type has rules of its own, and changing the type is refused anyway)."""
     safe: list[str] = []
     incompatible: list[str] = []
     seen: set[tuple[str, type[BaseModel]]] = set()
@@ -133,9 +135,10 @@ def resume_rules(config: ShoalConfig) -> ResumeRules:
             elif kind == "incompatible":
                 incompatible.extend((path, f"{path}.*"))
             child = getattr(value, name, None) if value is not None else None
-            for nested in _models(info.annotation):
+            variants = [] if model is type(config) else _models(info.annotation)
+            for nested in variants:
                 walk(nested, child if isinstance(child, nested) else None, f"{path}.")
-            if isinstance(child, BaseModel):  # a plugin's own section (type = "custom")
+            if isinstance(child, BaseModel):  # the chosen variant (a plugin's own section)
                 walk(type(child), child, f"{path}.")
 
     walk(type(config), config, "")
