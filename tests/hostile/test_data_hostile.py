@@ -249,10 +249,14 @@ def too_few_classes():
 def test_non_finite_inputs_of_a_factory_are_named_by_sample(tmp_path: Path) -> None:
     (tmp_path / "hostile_factory.py").write_text(FACTORY)
     with pytest.raises(DataError, match=r"'train' sample 17: feature 2 is not a finite number"):
-        call_factory(PythonDataConfig(factory="hostile_factory:tensors"), [tmp_path])
+        call_factory(PythonDataConfig(factory="hostile_factory:tensors", import_dir=str(tmp_path)))
     with pytest.raises(DataError, match=r"'train' sample 2: label 2 is not one of the 2 class"):
-        call_factory(PythonDataConfig(factory="hostile_factory:too_few_classes"), [tmp_path])
-    data = call_factory(PythonDataConfig(factory="hostile_factory:dataset"), [tmp_path])
+        call_factory(
+            PythonDataConfig(factory="hostile_factory:too_few_classes", import_dir=str(tmp_path))
+        )
+    data = call_factory(
+        PythonDataConfig(factory="hostile_factory:dataset", import_dir=str(tmp_path))
+    )
     assert isinstance(data.train, DatasetSamples)
     data.train.fetch(torch.arange(0, 20))  # a clean batch passes
     with pytest.raises(DataError, match=r"'train' sample 21: its input holds nan or inf"):

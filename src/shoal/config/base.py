@@ -260,8 +260,14 @@ class TaskSection(ConfigModel):
             return None
         return capability.not_offered(self)
 
-    def pipeline_blocks(self) -> int | None:
-        """The blocks its model cuts into, when the settings say (None: known once built)."""
+    def pipeline_block_names(self) -> list[str] | None:
+        """The paths of the blocks its model cuts into, when the settings say (None: known
+        once built)."""
+        return None
+
+    def meta_model(self) -> Any:
+        """Its model built on the meta device, to check names against (None: not before it
+        trains)."""
         return None
 
     def check_layout(self, dims: dict[str, int], fields: dict[str, tuple[str, ...]]) -> None:

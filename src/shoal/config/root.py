@@ -56,7 +56,7 @@ class ShoalConfig(ConfigModel):
     def _across_sections(self) -> ShoalConfig:
         """Each plugin's own rules between sections: its config's `check` (see ConfigModel);
         then the elastic floor against the job's shape."""
-        for section in (self.strategy, self.task):
+        for section in (self.task, self.strategy):  # the task first: a strategy asks it
             check = getattr(own_config(section), "check", None)
             if check is not None:
                 check(self)

@@ -93,8 +93,9 @@ class PipelineStages(Protocol):
     """A model cut into contiguous stages of blocks, each a module with the full model's
     parameter names; a batch split into stage inputs and the last stage's targets."""
 
-    def pipeline_blocks(self, model: nn.Module) -> int:
-        """How many blocks `model` has (the units a partition assigns to stages)."""
+    def pipeline_block_names(self, model: nn.Module) -> list[str]:
+        """The paths of `model`'s blocks, in order (the units a partition assigns to
+        stages; a split point names one)."""
         ...
 
     def pipeline_stage(self, model: nn.Module, first: int, last: int) -> nn.Module:

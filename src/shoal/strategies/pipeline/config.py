@@ -7,6 +7,7 @@ valid, so each error names the field to change.
 
 from __future__ import annotations
 
+import difflib
 from abc import abstractmethod
 from typing import Any, ClassVar, Literal
 
@@ -32,6 +33,13 @@ class PipelineFields(StrategySection):
         "[[0, 3], [4, 7]]: contiguous, covering every block once (stages x virtual_stages "
         "entries). Unset: shoal times each block's forward and backward on real batches and "
         "picks the contiguous split whose costliest stage is cheapest.",
+        json_schema_extra=RESUME_SAFE,
+    )
+    split_points: list[str] | None = Field(
+        None,
+        description='Where stages begin, by the path of a block, e.g. ["model.layers.4"] '
+        "(stages - 1 of them, in order; the first stage begins at the first block). Instead "
+        "of partitions; unset with partitions unset: balanced by measurement.",
         json_schema_extra=RESUME_SAFE,
     )
     balance: Literal["time", "memory", "both"] = Field(
@@ -117,6 +125,10 @@ class PipelineFields(StrategySection):
             )
         return self
 
+    def given(self) -> bool:
+        """Whether the partition is the config's (partitions or split points)."""
+        return self.partitions is not None or self.split_points is not None
+
     @property
     def local_stages(self) -> int:
         """Stages each rank holds."""
@@ -142,7 +154,8 @@ class PipelineFields(StrategySection):
         the batch; the task's own rules for a pipeline."""
         self.require(PIPELINE_STAGES, config)
         train = config.train
-        blocks = model_blocks(config)
+        names = block_names(config)
+        blocks = None if names is None else len(names)
         total = self.total_stages
         counted = (
             f"{total} stages"
@@ -157,8 +170,14 @@ class PipelineFields(StrategySection):
                 f"{counted} need at least as many blocks; the model has {blocks} "
                 "(task.model.layers): use fewer stages or more layers",
             )
+        if self.partitions is not None and self.split_points is not None:
+            raise FieldError(
+                ("strategy", "split_points"), "give split_points or partitions, not both"
+            )
         if self.partitions is not None:
             check_partitions(self.partitions, total, blocks, counted)
+        if self.split_points is not None and names is not None:
+            split_partitions(self.split_points, names, total)
         if train.micro_batches != 1:
             raise FieldError(
                 ("train", "micro_batches"),
@@ -234,11 +253,38 @@ class PipelineStrategyConfig(PipelineFields):
         self.check_task_layout(config, {"pipeline": self.total_stages}, fields)
 
 
-def model_blocks(config: Any) -> int | None:
-    """Blocks of the task's model when its config says (an lm's `layers`), else None
-    (then the model is asked when it is built)."""
-    blocks = getattr(task_section(config), "pipeline_blocks", None)
-    return blocks() if callable(blocks) else None
+def block_names(config: Any) -> list[str] | None:
+    """The paths of the task's model's blocks when its config says (an lm's `layers`, a
+    user's model built on the meta device), else None (then the model is asked when it is
+    built)."""
+    names = getattr(task_section(config), "pipeline_block_names", None)
+    found = names() if callable(names) else None
+    return list(found) if found is not None else None
+
+
+def split_partitions(points: list[str], names: list[str], total: int) -> list[list[int]]:
+    """The partition whose stages begin at `points` (block paths). Raises FieldError at
+    strategy.split_points."""
+
+    def wrong(message: str) -> FieldError:
+        return FieldError(("strategy", "split_points"), message)
+
+    if len(points) != total - 1:
+        raise wrong(f"{len(points)} split points for {total} stages: give {total - 1}")
+    starts = [0]
+    for point in points:
+        if point not in names:
+            near = difflib.get_close_matches(point, names, n=3, cutoff=0.3)
+            raise wrong(
+                f"{point!r} is not a block of the model; its blocks are {names[0]} .. "
+                f"{names[-1]}" + (f" (nearest: {', '.join(near)})" if near else "")
+            )
+        index = names.index(point)
+        if index <= starts[-1]:
+            raise wrong(f"{point!r} does not come after the stage before it: list them in order")
+        starts.append(index)
+    ends = [start - 1 for start in starts[1:]] + [len(names) - 1]
+    return [[start, end] for start, end in zip(starts, ends, strict=True)]
 
 
 def check_partitions(

@@ -71,17 +71,30 @@ def join_stages(modules: list[nn.Module]) -> nn.Module:
     for module in modules:
         if next(module.parameters(recurse=False), None) is not None:
             raise ValueError("a stage's parameters must sit in its children to be joined")
-        for name, child in module.named_children():
-            held = joined._modules.get(name)
-            if isinstance(child, nn.ModuleDict) and isinstance(held, nn.ModuleDict):
-                held.update(dict(child.items()))
-            elif held is not None:
-                raise ValueError(f"two stages of one rank both hold {name!r}")
-            elif isinstance(child, nn.ModuleDict):  # a dict of its own, to merge into
-                joined.add_module(name, nn.ModuleDict(dict(child.items())))
-            else:
-                joined.add_module(name, child)
+        _merge(joined, module)
     return joined
+
+
+def _is_container(module: nn.Module) -> bool:
+    """A module that only holds others by name (a dict of blocks, a path's parent)."""
+    holds = type(module) in (nn.Module, nn.ModuleDict)
+    return holds and next(module.parameters(recurse=False), None) is None
+
+
+def _merge(into: nn.Module, module: nn.Module) -> None:
+    """`module`'s children into `into`, containers merged by name at every depth."""
+    for name, child in module.named_children():
+        held = into._modules.get(name)
+        if held is None and _is_container(child):
+            held = nn.ModuleDict() if isinstance(child, nn.ModuleDict) else nn.Module()
+            into.add_module(name, held)
+            _merge(held, child)
+        elif held is None:
+            into.add_module(name, child)
+        elif _is_container(held) and _is_container(child):
+            _merge(held, child)
+        else:
+            raise ValueError(f"two stages of one rank both hold {name!r}")
 
 
 def build_stages(

@@ -38,6 +38,7 @@ from shoal.strategies.pipeline.config import (
     PipelineFields,
     PipelineStrategyConfig,
     check_partitions,
+    split_partitions,
 )
 from shoal.strategies.pipeline.learner import PipelineRecord, PipelineSync, StageLearner
 from shoal.strategies.pipeline.partition import (
@@ -91,7 +92,8 @@ class PipelineStrategy(Strategy[PipelineFields]):
     def attach(self, model: nn.Module) -> GradientSync:
         """Cut `model` (the full model, the same on every rank) into this rank's stages."""
         self._check_batches()
-        self.partition = self._partition(model, self.stages.pipeline_blocks(model))
+        names = self.stages.pipeline_block_names(model)
+        self.partition = self._partition(model, len(names), names)
         self.place = self._place(model)
         self.sync = self._sync(model)
         return self.sync
@@ -153,7 +155,7 @@ class PipelineStrategy(Strategy[PipelineFields]):
                 "a pipeline needs whole batches: lower it"
             )
 
-    def _partition(self, model: nn.Module, blocks: int) -> Partition:
+    def _partition(self, model: nn.Module, blocks: int, names: list[str]) -> Partition:
         config, ctx = self.config, self.ctx
         total = config.total_stages
         if total > blocks:
@@ -162,12 +164,18 @@ class PipelineStrategy(Strategy[PipelineFields]):
                 f"{blocks}: use fewer stages"
             )
         rebalance = config.rebalance != "off"
-        if config.partitions is not None:
+        given = config.partitions
+        if config.split_points is not None:
             try:
-                check_partitions(config.partitions, total, blocks)
+                given = split_partitions(config.split_points, names, total)
+            except FieldError as error:
+                raise ShoalError(f"strategy.split_points: {error}") from None
+        if given is not None:
+            try:
+                check_partitions(given, total, blocks)
             except FieldError as error:
                 raise ShoalError(f"strategy.partitions: {error}") from None
-            partition = [(int(a), int(b)) for a, b in config.partitions]
+            partition = [(int(a), int(b)) for a, b in given]
             if ctx.is_main:
                 ctx.log.info("pipeline partition (given): %s", describe_partition(partition))
             if rebalance:  # the blocks' costs, to weigh other partitions against it
@@ -339,7 +347,7 @@ class PipelineStrategy(Strategy[PipelineFields]):
             "microbatches": config.microbatches,
             "virtual_stages": config.local_stages,
             "partition": [list(p) for p in self.partition],
-            "balanced_by": None if config.partitions is not None else config.balance,
+            "balanced_by": None if config.given() else config.balance,
         }
         if self.shares is not None and self.costs is not None:
             section["shares"] = self.shares

@@ -15,6 +15,7 @@ from pydantic import Field
 
 from shoal.config.base import LEARNERS, RESUME_SAFE, FieldError, StrategySection
 from shoal.protocols.capabilities import SHARD_UNITS, TENSOR_PLAN
+from shoal.protocols.layouts import Style, block_classes, meta_model, nearest, pattern_names
 from shoal.shape.hosts import Hosts
 from shoal.shape.job import mesh_labels
 from shoal.shape.roles import RankRoles
@@ -45,6 +46,20 @@ class SpmdSection(StrategySection):
         "ranks in row-major rank order.",
         json_schema_extra=RESUME_SAFE,
     )
+    plan: dict[str, Style] | None = Field(
+        None,
+        description="A tensor dimension's plan by module path pattern (`*` matches one part), "
+        'e.g. { "model.layers.*.self_attn.q_proj" = "colwise", "model.layers.*.self_attn.'
+        'o_proj" = "rowwise" }: colwise | rowwise | colwise_gather (a head, its output '
+        "gathered) | rowwise_embedding (an embedding by vocabulary rows) | sequence_parallel. "
+        "Unset: the task's plan (shoal's lm, a Hugging Face model's family).",
+    )
+    wrap: list[str] | None = Field(
+        None,
+        description="A sharded data dimension's units by class name, each gathered on its own "
+        'before the whole model, e.g. ["LlamaDecoderLayer"]. Unset: the task\'s blocks (the '
+        "largest list of same-class children).",
+    )
 
     @abstractmethod
     def dims(self) -> dict[str, int]:
@@ -73,15 +88,39 @@ class SpmdSection(StrategySection):
     def check(self, config: Any) -> None:
         super().check(config)
         dims = self.dims()
-        if "tensor" in dims:
+        if "tensor" in dims and self.plan is None:
             self.require(TENSOR_PLAN, config)
-        if self.data_mode() == "sharded" and "data" in dims:
+        if self.data_mode() == "sharded" and "data" in dims and self.wrap is None:
             self.require(SHARD_UNITS, config)
+        self._check_names(config)
         self.check_task_layout(config, dims, {dim: self.dims_field(dim) for dim in dims})
         tensor = dims.get("tensor", 1)
         if self.sequence_parallel and tensor == 1:
             raise FieldError(
                 ("strategy", "sequence_parallel"), "needs a tensor dimension larger than 1"
+            )
+
+    def _check_names(self, config: Any) -> None:
+        """A plan's patterns and the wrapped classes name parts of the task's model (built on
+        the meta device, when the task can say: `TaskSection.meta_model`)."""
+        if self.plan is None and self.wrap is None:
+            return
+        model = meta_model(config)
+        if model is None:
+            return
+        for pattern in self.plan or {}:
+            if not pattern_names(model, pattern):
+                near = ", ".join(nearest(model, pattern)) or "none"
+                raise FieldError(
+                    ("strategy", "plan", pattern),
+                    f"names no module of {type(model).__name__}; nearest: {near}",
+                )
+        missing = sorted(set(self.wrap or ()) - {type(m).__name__ for m in model.modules()})
+        if missing:
+            raise FieldError(
+                ("strategy", "wrap"),
+                f"{type(model).__name__} has no module of class {', '.join(missing)}; its "
+                f"repeated blocks are {', '.join(block_classes(model)) or 'none'}",
             )
 
 

@@ -14,6 +14,7 @@ the global batch size, so the reduction is set to a plain sum (divide factor
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -23,6 +24,7 @@ from torch.distributed.fsdp import FSDPModule, MixedPrecisionPolicy, fully_shard
 from torch.distributed.tensor.parallel import parallelize_module
 
 from shoal.protocols.capabilities import SHARD_UNITS, TENSOR_PLAN
+from shoal.protocols.layouts import modules_of_classes, plan_from_patterns
 
 
 def build_mesh(device: torch.device, dims: dict[str, int], order: tuple[int, ...]) -> DeviceMesh:
@@ -41,16 +43,25 @@ def lay_out(
     data_mode: str,
     sequence_parallel: bool,
     bf16: bool,
+    patterns: Mapping[str, str] | None = None,
+    wrap: list[str] | None = None,
 ) -> bool:
-    """Shard `model` (the task's, or a pipeline stage of it) in place, by what `task` offers
-    (`strategy` names who asks, in a refusal); True when FSDP shards it over the data
-    dimension."""
+    """Shard `model` (the task's, or a pipeline stage of it) in place: by the plan's
+    `patterns` and the `wrap` classes where the strategy's config gives them, else by what
+    `task` offers (`strategy` names who asks, in a refusal). True when FSDP shards it over
+    the data dimension."""
     if "tensor" in dims:
-        plan = TENSOR_PLAN.of(task, strategy).tensor_plan(model, sequence_parallel)
+        if patterns is not None:
+            plan = plan_from_patterns(model, patterns, sequence_parallel, missing_ok=True)
+        else:
+            plan = TENSOR_PLAN.of(task, strategy).tensor_plan(model, sequence_parallel)
         parallelize_module(model, mesh["tensor"], plan)
     if data_mode != "sharded" or "data" not in dims:
         return False
-    units = SHARD_UNITS.of(task, strategy).shard_units(model)
+    if wrap is not None:
+        units = modules_of_classes(model, wrap)
+    else:
+        units = SHARD_UNITS.of(task, strategy).shard_units(model)
     data = mesh["data"]
     # bf16: compute in bf16 (autocast does too), reduce gradients in float32
     policy = MixedPrecisionPolicy(

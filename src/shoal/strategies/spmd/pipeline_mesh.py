@@ -127,7 +127,16 @@ class MeshPipelineStrategy(PipelineStrategy):
         def prepare(stage: nn.Module) -> nn.Module:
             mine = copy.deepcopy(stage)  # the full model stays whole, for evaluation
             lay_out(
-                self.task, "hybrid", mine, self.mesh, self.inner, config.data_mode(), False, bf16
+                self.task,
+                "hybrid",
+                mine,
+                self.mesh,
+                self.inner,
+                config.data_mode(),
+                False,
+                bf16,
+                config.plan,
+                config.wrap,
             )
             return mine
 

@@ -64,6 +64,8 @@ class SpmdStrategy(Strategy[SpmdSection]):
             config.data_mode(),
             config.sequence_parallel,
             ctx.config.train.mixed_precision == "bf16",
+            config.plan,
+            config.wrap,
         )
         replicated = config.data_mode() == "replicated" and dims.get("data", 1) > 1
         self.sync = SpmdGradientSync(model, self.mesh, dims, replicated, where)

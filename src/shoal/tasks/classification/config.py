@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, model_validator
 
 from shoal.config.base import RESUME_FIXED, ConfigModel, ExistingFile, TaskSection, fill_default_tag
 from shoal.protocols.capabilities import CLASS_LABELS, CLIENT_FILES, Capability
+from shoal.tasks.user_code import FACTORY_PATTERN, FactoryOptions
 
 
 class SyntheticDataConfig(ConfigModel):
@@ -73,7 +73,7 @@ class FileDataConfig(ConfigModel):
     split_seed: int = Field(0, ge=0, description="Seed of the train/validation split.")
 
 
-class PythonDataConfig(ConfigModel):
+class PythonDataConfig(FactoryOptions):
     """A user's function `module:function` that returns the datasets (and optionally the model).
 
     The function is called with `options` as keyword arguments and returns a dict
@@ -86,26 +86,9 @@ class PythonDataConfig(ConfigModel):
     source: Literal["python"] = "python"
     factory: str = Field(
         ...,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        pattern=FACTORY_PATTERN,
         description="`package.module:function` returning the datasets and optionally the model.",
     )
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments passed to the factory."
-    )
-    import_dir: str | None = Field(
-        None,
-        description="Folder the factory's module is imported from, before the current "
-        "directory (default: the config file's folder).",
-    )
-
-    @model_validator(mode="after")
-    def _resolve_import_dir(self, info: ValidationInfo) -> PythonDataConfig:
-        base = (info.context or {}).get("base_dir")
-        if self.import_dir is None:
-            self.import_dir = base
-        elif base is not None and not Path(self.import_dir).is_absolute():
-            self.import_dir = str((Path(base) / self.import_dir).resolve())
-        return self
 
 
 ClassificationDataConfig = Annotated[

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -36,8 +35,7 @@ def load_data(config: ClassificationTaskConfig) -> ClassificationData:
     if isinstance(data, FileDataConfig):
         return load_files(data)
     if isinstance(data, PythonDataConfig):
-        dirs = [Path(data.import_dir)] if data.import_dir else []
-        return call_factory(data, [*dirs, Path.cwd()])
+        return call_factory(data)
     return make_synthetic(data)
 
 

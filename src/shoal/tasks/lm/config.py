@@ -160,8 +160,8 @@ class LMTaskConfig(TaskSection):
         {PIPELINE_STAGES, TENSOR_PLAN, SHARD_UNITS}
     )
 
-    def pipeline_blocks(self) -> int:
-        return self.model.layers
+    def pipeline_block_names(self) -> list[str]:
+        return [f"blocks.{index}" for index in range(self.model.layers)]
 
     def check_layout(self, dims: dict[str, int], fields: dict[str, tuple[str, ...]]) -> None:
         """Whole heads on each tensor rank; no weight shared by the embedding and the head

@@ -90,8 +90,8 @@ class LMTask(Task):
         return self.pipeline_loss(model(inputs), targets)
 
     # ------------------------------------------------------------ capabilities
-    def pipeline_blocks(self, model: nn.Module) -> int:
-        return len(_transformer(model).blocks)
+    def pipeline_block_names(self, model: nn.Module) -> list[str]:
+        return [f"blocks.{index}" for index in _transformer(model).blocks]
 
     def pipeline_stage(self, model: nn.Module, first: int, last: int) -> nn.Module:
         return _transformer(model).stage(first, last)
