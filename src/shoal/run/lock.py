@@ -103,6 +103,8 @@ def alive_here(holder: dict[str, object]) -> bool:
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int):
         return True
+    if not 0 < pid < 2**31:  # not a process id (0 and negatives would name process groups)
+        return True
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
