@@ -162,3 +162,18 @@ def test_headless_chromium_runs_nothing_from_a_hostile_run_directory(
     assert "<title>shoal report: " in dom, dom[:500]
     assert "pwned</title>" not in dom and 'id="pwned"' not in dom
     assert "<svg" in dom and "Population" in dom
+
+
+def test_files_that_are_not_utf8_give_a_report_not_a_traceback(tmp_path: Path) -> None:
+    """A metrics.jsonl with a line of Latin-1 and a config.toml of binary: the readable
+    records are drawn, the config is shown as far as it is text."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.toml").write_bytes(b'[strategy]\ntype = "local"\n# \xff\xfe caf\xe9\n')
+    good = [{"event": "train", "step": s, "loss": 1.0 / s, "time": float(s)} for s in (1, 2, 3)]
+    lines = [json.dumps(r).encode() + b"\n" for r in good]
+    lines.insert(1, b'{"event": "train", "step": 9, "note": "caf\xe9"}\n')
+    (run / "metrics.jsonl").write_bytes(b"".join(lines))
+    page = write_report([run], tmp_path / "report.html").read_text(encoding="utf-8")
+    assert 'data-panel="loss"' in page
+    assert "caf\ufffd" in page and 'type = "local"' in page
