@@ -176,4 +176,4 @@ def test_files_that_are_not_utf8_give_a_report_not_a_traceback(tmp_path: Path) -
     (run / "metrics.jsonl").write_bytes(b"".join(lines))
     page = write_report([run], tmp_path / "report.html").read_text(encoding="utf-8")
     assert 'data-panel="loss"' in page
-    assert "caf\ufffd" in page and 'type = "local"' in page
+    assert "caf\ufffd" in page and "type = &quot;local&quot;" in page
