@@ -108,7 +108,8 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
         config.faults.start_timeout_s, where,
     )  # fmt: skip
     group_store = dist.PrefixStore(admission.prefix, store)
-    device, backend = join_process_group(config, placement, group_store)
+    sealed = (signer, f"the job's store at {where}") if signer is not None else None
+    device, backend = join_process_group(config, placement, group_store, sealed)
     failed = False
     held = ExitStack()
     watch: HostWatch | None = None

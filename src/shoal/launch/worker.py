@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
                 device, backend = choose_device(config, placement)
                 log.info("rank %d of %d restarted alone (%s)", rank, world_size, backend)
             else:
-                device, backend = join_process_group(config, placement, store)
+                sealed = (signer, f"the job's store at {host}:{port}")
+                device, backend = join_process_group(config, placement, store, sealed)
                 log.info("rank %d of %d joined (%s on %s)", rank, world_size, backend, device)
             ctx = WorkerContext(
                 config=config,
