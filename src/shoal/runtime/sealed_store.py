@@ -48,16 +48,17 @@ class SealedStore(dist.Store):
     def get(self, key: str) -> bytes:
         return self._open(key, self._store.get(key))
 
-    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes:
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         """torch's compare-and-set on the opened values: `desired` is set (sealed) if the
         value is `expected` (b"": the key is missing); returns the value then held."""
-        expected, desired = bytes(expected), bytes(desired)
+        expected = expected.encode() if isinstance(expected, str) else bytes(expected)
+        desired = desired.encode() if isinstance(desired, str) else bytes(desired)
         held = self._store.get(key) if self._store.check([key]) else None
         current = None if held is None else self._open(key, held)
         if current != expected and not (current is None and expected == b""):
             return expected if current is None else current
         sealed = self._signer.seal(key, desired)
-        result = self._store.compare_set(key, held or b"", sealed)
+        result = self._store.compare_set(key, held or b"", sealed)  # type: ignore[arg-type]
         return desired if result == sealed else self._open(key, result)
 
     def _open(self, key: str, raw: bytes) -> bytes:
