@@ -40,6 +40,9 @@ class SealedStore(dist.Store):
         """`where`: the store as messages name it ("the job's store at 127.0.0.1:41234")."""
         super().__init__()
         self._store, self._signer, self._opener, self._where = store, signer, Opener(signer), where
+        #: the clones handed to torch: torch keeps only their C++ half, and a Python store
+        #: whose Python object is gone answers every call with "Not implemented"
+        self._clones: list[SealedStore] = []
 
     def set(self, key: str, value: bytes | str) -> None:
         data = value.encode() if isinstance(value, str) else bytes(value)
@@ -87,7 +90,9 @@ class SealedStore(dist.Store):
 
     def clone(self) -> SealedStore:
         """A new connection to the same store (gloo opens one per group), sealed alike."""
-        return SealedStore(self._store.clone(), self._signer, self._where)  # type: ignore[attr-defined]
+        clone = SealedStore(self._store.clone(), self._signer, self._where)  # type: ignore[attr-defined]
+        self._clones.append(clone)
+        return clone
 
     def delete_key(self, key: str) -> bool:
         return bool(self._store.delete_key(key))
