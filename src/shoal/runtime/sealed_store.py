@@ -26,6 +26,11 @@ import torch.distributed as dist
 from shoal.errors import EXIT_FAILURE, ShoalError
 from shoal.runtime.auth import BadValue, Opener, Signer
 
+#: every SealedStore made in this process, kept alive: torch holds only the C++ half of a
+#: store written in Python (the group's, its clones), and one whose Python object was
+#: collected answers every call with "Not implemented"; a process makes a few
+_ALIVE: list[SealedStore] = []
+
 
 class StoreTampered(ShoalError):
     """A value of the job's store does not carry the job's MAC: another process wrote it."""
@@ -40,9 +45,7 @@ class SealedStore(dist.Store):
         """`where`: the store as messages name it ("the job's store at 127.0.0.1:41234")."""
         super().__init__()
         self._store, self._signer, self._opener, self._where = store, signer, Opener(signer), where
-        #: the clones handed to torch: torch keeps only their C++ half, and a Python store
-        #: whose Python object is gone answers every call with "Not implemented"
-        self._clones: list[SealedStore] = []
+        _ALIVE.append(self)
 
     def set(self, key: str, value: bytes | str) -> None:
         data = value.encode() if isinstance(value, str) else bytes(value)
@@ -90,9 +93,7 @@ class SealedStore(dist.Store):
 
     def clone(self) -> SealedStore:
         """A new connection to the same store (gloo opens one per group), sealed alike."""
-        clone = SealedStore(self._store.clone(), self._signer, self._where)  # type: ignore[attr-defined]
-        self._clones.append(clone)
-        return clone
+        return SealedStore(self._store.clone(), self._signer, self._where)  # type: ignore[attr-defined]
 
     def delete_key(self, key: str) -> bool:
         return bool(self._store.delete_key(key))
