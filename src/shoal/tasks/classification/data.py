@@ -190,6 +190,11 @@ def import_factory(spec: str, search_dirs: list[Path]) -> Any:
         module = importlib.import_module(module_name)
     except ImportError as exc:
         raise ShoalError(f"task.data.factory: cannot import {module_name!r}: {exc}") from None
+    except SystemExit as exc:
+        raise ShoalError(
+            f"task.data.factory: cannot import {module_name!r}: it called sys.exit({exc.code!r}) "
+            "while imported"
+        ) from None
     try:
         return getattr(module, function_name)
     except AttributeError:
