@@ -341,3 +341,13 @@ def test_the_last_progress_line_names_the_last_epoch(
     metrics = Path(results["run_dir"]) / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["epoch"] for r in records if r["event"] == "train"] == [0, 1, 1]
+
+
+def test_a_symlink_loop_as_a_data_path_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").symlink_to(tmp_path / "b.csv")
+    (tmp_path / "b.csv").symlink_to(tmp_path / "a.csv")
+    line = _one_line_error(tmp_path, _job_file(tmp_path, "a.csv"))
+    assert line == (
+        f"{tmp_path / 'job.toml'}:5: task.data.path: {tmp_path / 'a.csv'}: a symbolic link that "
+        "leads back to itself (a loop); point it at the file"
+    )

@@ -56,7 +56,12 @@ def _resolve_existing_file(value: str, info: ValidationInfo) -> str:
     path = Path(value).expanduser()
     if not path.is_absolute() and base is not None:
         path = Path(base) / path
-    path = path.resolve()
+    try:
+        path = path.resolve()
+    except (RuntimeError, OSError):  # RuntimeError: "Symlink loop from ..." (Python < 3.13)
+        raise ValueError(
+            f"{path}: a symbolic link that leads back to itself (a loop); point it at the file"
+        ) from None
     if not path.is_file():
         raise ValueError(f"file not found: {path}")
     return str(path)

@@ -126,7 +126,8 @@ class ExternalArrival(Arrival):
             config.faults.start_timeout_s, where,
         )  # fmt: skip
         group_store = dist.PrefixStore(admission.prefix, store)
-        device, backend = join_process_group(config, placement, group_store)
+        sealed = (signer, f"the job's store at {where}") if signer is not None else None
+        device, backend = join_process_group(config, placement, group_store, sealed)
         peers = World(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
         hosts = self.hosts = gather_hosts(peers, binding.address)
         beats = admission.derived_signer("heartbeats") or _drawn_signer(peers)

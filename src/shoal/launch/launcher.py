@@ -57,6 +57,7 @@ from shoal.errors import (
 from shoal.launch.process_group import LAUNCHER_ENV, loopback_interface
 from shoal.launch.reports import read_report
 from shoal.launch.start import WorkerProcess, start_worker
+from shoal.launch.store_guard import StoreGuard
 from shoal.launch.watch import STOPPED_STATES, StoreReader, existing, process_state
 from shoal.recovery.policy import RecoveryPolicy
 from shoal.recovery.restarts import Failure
@@ -161,6 +162,7 @@ class LocalLauncher:
             master_listen_fd=listener.detach(),
         )
         self.reader = StoreReader(store, Signer(self._secret), _notice)
+        self.guard = StoreGuard(f"the job's store at 127.0.0.1:{port}")
         try:
             for rank in range(self.world_size):
                 # a resumed run's folder may hold reports of an earlier failure: not this one's
@@ -307,6 +309,10 @@ class LocalLauncher:
                 lost = self._lost_worker(now, now - started)
                 if lost and self._restart_alone(self.workers[lost[0]], lost[1]):
                     lost = None
+                flooded = self.guard.check()
+                if flooded:  # not restarted: the next attempt's store would be flooded too
+                    self._kill()
+                    return Failure(JobFailed(flooded), None, -1, restartable=False)
                 if lost:
                     self._recovered()
                     rank, message = lost

@@ -105,7 +105,8 @@ class LauncherArrival(Arrival):
             device, backend = choose_device(config, placement)
             log.info("rank %d of %d restarted alone (%s)", rank, world_size, backend)
         else:
-            device, backend = join_process_group(config, placement, store)
+            sealed = (self.signer, f"the job's store at {host}:{port}")
+            device, backend = join_process_group(config, placement, store, sealed)
             log.info("rank %d of %d joined (%s on %s)", rank, world_size, backend, device)
         ctx = placed_context(
             placement,

@@ -71,7 +71,10 @@ def import_target(target: str) -> Any:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{target!r} is not of the form 'package.module:Class'")
-    value: Any = importlib.import_module(module_name)
+    try:
+        value: Any = importlib.import_module(module_name)
+    except SystemExit as exc:  # a module that ends the process when imported is broken
+        raise ImportError(f"{module_name} called sys.exit({exc.code!r}) while imported") from None
     for part in attr.split("."):
         value = getattr(value, part)
     return value

@@ -26,6 +26,7 @@ from shoal.checkpoint.changes import resume_rules
 from shoal.checkpoint.manager import CheckpointManager
 from shoal.checkpoint.parts import FilePart, Fixed, RankRngs, StatePart, TaskFiles, load_parts
 from shoal.checkpoint.resume import open_resume
+from shoal.checkpoint.space import DiskFull
 from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
@@ -290,9 +291,27 @@ class Driver:
             return
         self._sync_time()
         with self._doing("checkpointing"):
-            written = manager.save(p.global_step, self._parts(), self._meta(), self._files())
+            try:
+                written = manager.save(p.global_step, self._parts(), self._meta(), self._files())
+            except DiskFull as exc:  # every rank: the manager agreed on it
+                self._snapshot_skipped(str(exc))
+                return
             if self.ctx.launch_mode != "shoal":  # across hosts: a copy on the next host
                 send_replica(self.ctx.rank, self.ctx.hosts, written, self.ctx.paths)
+
+    def _snapshot_skipped(self, reason: str) -> None:
+        """A snapshot only shortens what a restart repeats: one that does not fit in memory
+        is skipped with a warning (and a `snapshot_skipped` record), never a rank failure
+        that would burn a restart; the newest checkpoint or snapshot stays the restart's."""
+        if self.ctx.is_main:
+            self.ctx.log.warning(
+                "%s; training goes on, a restart resumes from the newest checkpoint or "
+                "snapshot (make room there, or snapshot less often: "
+                "faults.snapshot_every_steps)",
+                reason,
+            )
+            record = {"event": "snapshot_skipped", "step": self.progress.global_step}
+            self.metrics.write({**record, "reason": reason})
 
     def _save_best(self, manager: CheckpointManager) -> Path | None:
         """Collective: the current state into best/ (the selection calls it on improvement)."""
@@ -384,8 +403,10 @@ def _snapshots(ctx: WorkerContext) -> tuple[CheckpointManager, int] | None:
     if not every or ctx.launch_mode == "inprocess":
         return None
     if ctx.launch_mode == "shoal":
-        return CheckpointManager(ctx, 1, snapshot_dir(ctx.paths)), every
-    return CheckpointManager(ctx, 1, host_snapshot_dir(ctx.paths, create=ctx.is_main)), every
+        folder = snapshot_dir(ctx.paths)
+    else:
+        folder = host_snapshot_dir(ctx.paths, create=ctx.is_main)
+    return CheckpointManager(ctx, 1, folder, "in-memory snapshot", agree_on_full=True), every
 
 
 def finite(value: Any) -> Any:

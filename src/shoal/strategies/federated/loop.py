@@ -175,9 +175,19 @@ class FederatedLoop(UnitLoop):
             yield order[position]
 
     def _probe_sums(self) -> list[str]:
-        """The names of the task's additive statistics (e.g. accuracy), the same on every worker."""
-        with torch.no_grad():
-            out = self.task.loss(self.model, self.task.train_batch(torch.tensor([0])))
+        """The names of the task's additive statistics (e.g. accuracy), the same on every worker.
+
+        Learnt from the loss of one sample with the model in evaluation mode and the global
+        RNG put back: in training mode a BatchNorm layer refuses a batch of one ("Expected
+        more than 1 value per channel") and would count it into its running statistics,
+        and dropout would draw from the RNG the first round's training draws from."""
+        training = self.model.training
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                self.model.eval()
+                out = self.task.loss(self.model, self.task.train_batch(torch.tensor([0])))
+        finally:
+            self.model.train(training)
         return sorted(out.sums)
 
     def _agree_on_pair_seeds(self) -> dict[int, dict[int, bytes]]:

@@ -65,7 +65,7 @@ from shoal.strategies.population.plot import PLOT_FILE, PlotFollower
 from shoal.strategies.population.record import BestMember, best_member
 from shoal.strategies.population.reporting import GenerationReport
 from shoal.strategies.population.schedule import MemberScheduler
-from shoal.strategies.population.space import sample_all
+from shoal.strategies.population.space import sample_population
 from shoal.training.batching import steps_per_epoch
 from shoal.training.faults import InjectedFault, maybe_inject_fault
 from shoal.training.loop import ModelOfRecord, Plan, Run, UnitLoop
@@ -135,7 +135,7 @@ class PopulationLoop(UnitLoop):
         self.total_steps = int(min(limits))
         self.generations = math.ceil(self.total_steps / config.ready_interval)
         self.book = PopulationBook(
-            [sample_all(self.space, stream(train.seed, INIT_STREAM, m)) for m in range(self.size)]
+            sample_population(self.space, self.size, stream(train.seed, INIT_STREAM))
         )
         self.members: dict[int, Member] = {}
         for m in range(self.size):
