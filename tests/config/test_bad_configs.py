@@ -51,7 +51,8 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "unknown key",
         GOOD + "learning_rate = 0.1\n",
         [],
-        "bad.toml:7: train.learning_rate: unknown key; allowed here: batch_size, drop_last, "
+        "bad.toml:7: train.learning_rate: unknown key; allowed here: activation_checkpointing, batch_size, "
+        "compile, drop_last, "
         "early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
         "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
         "mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, warmup_steps",
@@ -123,7 +124,7 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "unknown task",
         '[task]\ntype = "regression"\n\n[train]\nepochs = 1\nbatch_size = 8\n',
         [],
-        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification, kge, lm",
+        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification, kge, lm, module",
     ),
     (
         "missing train",
@@ -241,8 +242,8 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "override unknown key",
         GOOD,
         ["--set", "train.epoch=3"],
-        "--set: train.epoch: unknown key; did you mean 'epochs'? allowed here: batch_size, drop_last, "
-        "early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
+        "--set: train.epoch: unknown key; did you mean 'epochs'? allowed here: activation_checkpointing, "
+        "batch_size, compile, drop_last, early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
         "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
         "mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, warmup_steps",
     ),
@@ -356,7 +357,7 @@ HUGE_CASES = [
         "10 MB key",
         GOOD + "k" * (10 << 20) + " = 1\n",
         f"bad.toml:7: train.{'k' * 60}... (10,485,760 characters): unknown key; allowed here: "
-        "batch_size, drop_last, early_stopping_min_delta, early_stopping_patience, epochs, "
+        "activation_checkpointing, batch_size, compile, drop_last, early_stopping_min_delta, early_stopping_patience, epochs, "
         "eval_batch_size, eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, "
         "min_lr_ratio, mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, "
         "warmup_steps",

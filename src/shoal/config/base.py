@@ -150,6 +150,9 @@ class StrategySection(ConfigModel):
 
     #: the field `--workers N` sets (None: the strategy runs one process)
     workers_field: ClassVar[str | None] = None
+    #: its loop builds the model through the step loop, so `[train]`'s per-block options
+    #: (activation checkpointing, compile) apply under it
+    block_options: ClassVar[bool] = False
     #: whether the job may go on with fewer workers than it started with, resumed from the
     #: same state, and still train the same problem (`[faults] min_workers`)
     elastic: ClassVar[bool] = False

@@ -16,6 +16,7 @@ from shoal.config.custom import custom_section, own_config
 from shoal.config.sections import CheckpointConfig, FaultsConfig, MonitorConfig, RunConfig
 from shoal.config.train import TrainConfig
 from shoal.plugins.kinds import STRATEGIES, TASKS
+from shoal.protocols.capabilities import SHARD_UNITS
 
 if TYPE_CHECKING:  # assembled at run time: a plugin's section is any model with a `type`
     TaskConfig = Any
@@ -61,7 +62,30 @@ class ShoalConfig(ConfigModel):
             if check is not None:
                 check(self)
         self._check_floor()
+        self._check_block_options()
         return self
+
+    def _check_block_options(self) -> None:
+        """Activation checkpointing and compile apply to a model's repeated blocks, under
+        the strategies whose loop builds the model."""
+        train = self.train
+        chosen = [name for name in ("activation_checkpointing", "compile") if getattr(train, name)]
+        if not chosen:
+            return
+        field = ("train", chosen[0])
+        if not getattr(own_config(self.strategy), "block_options", False):
+            raise FieldError(
+                field,
+                f"strategy '{self.strategy.type}' builds its models in a loop of its own; "
+                "it applies under local, data_parallel, fully_sharded, tensor_parallel, "
+                "hybrid and pipeline",
+            )
+        if SHARD_UNITS.lacked_by(self.task) is not None:
+            raise FieldError(
+                field,
+                f"task type '{self.task.type}' has no repeated blocks to apply it to (a "
+                "transformer's layers); remove it",
+            )
 
     def _check_floor(self) -> None:
         """`faults.min_workers` needs a strategy that can go on with fewer workers, and no

@@ -204,6 +204,19 @@ class TrainConfig(ConfigModel):
         "dynamic loss scale (needs on_nonfinite = skip_step); parameters, gradients and the "
         "optimizer stay float32.",
     )
+    activation_checkpointing: bool = Field(
+        False,
+        description="Keep only each repeated block's input in the forward pass and compute "
+        "the rest again in the backward pass: less memory for activations, about a third "
+        "more compute. The same updates.",
+        json_schema_extra=RESUME_SAFE,
+    )
+    compile: bool = Field(
+        False,
+        description="Compile each repeated block with torch.compile (the first steps take "
+        "longer while it compiles). The same updates, to rounding.",
+        json_schema_extra=RESUME_SAFE,
+    )
     on_nonfinite: Literal["halt", "skip_step"] = Field(
         "halt",
         description="When any worker's gradient holds NaN or Inf: halt every worker before the "

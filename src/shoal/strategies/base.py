@@ -54,6 +54,14 @@ class Strategy(ABC, Generic[C]):
         self.shape = shape if shape is not None else shape_of(ctx.config, ctx.hosts)
         self.roles = self.shape.roles
 
+    #: `lay_out` shards the model: a task that builds it on the meta device
+    #: (`training/materialise.py`) then gives values only to this rank's pieces
+    lays_out: ClassVar[bool] = False
+
+    def lay_out(self, model: nn.Module) -> None:
+        """Shard `model` in place over this rank's devices, its parameters possibly still on
+        the meta device; `attach` follows (default: nothing to shard)."""
+
     def attach(self, model: nn.Module) -> GradientSync:
         """Prepare `model` for training under this strategy and return its gradient sync
         (by default gradients stay local: one process, or each member its own)."""

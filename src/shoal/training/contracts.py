@@ -10,7 +10,7 @@ import math
 from abc import ABC, abstractmethod
 from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 import torch.distributed as dist
@@ -158,6 +158,13 @@ class LocalGradientSync(GradientSync):
 
 class TrainingStrategy(Protocol):
     """The part of a strategy the trainer calls."""
+
+    #: `lay_out` shards a model whose parameters are still on the meta device
+    lays_out: ClassVar[bool]
+
+    def lay_out(self, model: nn.Module) -> None:
+        """Shard `model` in place over this rank's devices (before `attach`)."""
+        ...
 
     def attach(self, model: nn.Module) -> GradientSync:
         """Prepare `model` and return how its gradients are combined each step."""

@@ -17,6 +17,8 @@ pipeline, whose learner runs a schedule over stages; an SPMD mesh).
 
 from __future__ import annotations
 
+import copy
+import resource
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,15 +29,18 @@ from shoal.checkpoint.integrity import load_checkpoint
 from shoal.checkpoint.parts import Custom, FilePart, StatePart
 from shoal.checkpoint.sharded import load_model
 from shoal.errors import ShoalError
+from shoal.protocols.capabilities import SHARD_UNITS
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything, worker_seed
 from shoal.runtime.stop import STOP
 from shoal.training.balance import BatchShares, split_counts
 from shoal.training.batching import EpochPlan, steps_per_epoch
+from shoal.training.blocks import prepare_blocks, wants_blocks
 from shoal.training.contracts import GradientSync, TrainingStrategy
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.learner import Learner
 from shoal.training.loop import ModelOfRecord, Plan, Run, UnitLoop
+from shoal.training.materialise import draw_base, materialise, meta_builder
 from shoal.training.meter import IntervalMeter, StepStats
 
 
@@ -104,6 +109,12 @@ class StepLoop(UnitLoop):
         seed_everything(train.seed)  # identical initial parameters on every rank
         model = self.build_model()
         sync = strategy.attach(model)
+        ctx.log.info(
+            "model ready: %.1f MiB of parameters on this rank, peak resident memory so far "
+            "%.0f MiB",
+            sum(_local_bytes(p) for p in model.parameters()) / 2**20,
+            resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+        )
         self.steps_per_epoch = steps_per_epoch(task.train_size, train.batch_size, train.drop_last)
         if self.steps_per_epoch == 0:
             raise ShoalError(
@@ -134,8 +145,21 @@ class StepLoop(UnitLoop):
 
     # ---------------------------------------------------------------- what a strategy may change
     def build_model(self) -> nn.Module:
-        """The model as the learner sees it: the task's, on the worker's device."""
-        return self.task.build_model().to(self.ctx.device)
+        """The model as the learner sees it: the task's, on the worker's device. A strategy
+        that lays models out gets it built on the meta device where the task can, and
+        this rank materialises only its pieces (`training/materialise.py`)."""
+        builder = meta_builder(self.task) if self.strategy.lays_out else None
+        meta = builder.build_meta_model() if builder is not None else None
+        if builder is None or meta is None:
+            model = self.task.build_model().to(self.ctx.device)
+            if wants_blocks(self.train) and not self.strategy.lays_out:
+                prepare_blocks(SHARD_UNITS.of(self.task, "train").shard_units(model), self.train)
+            return model
+        base = draw_base()  # where the task's own build_model draws it: local == laid out
+        shadow = copy.deepcopy(meta)  # unsharded, to initialise a unit at a time in
+        self.strategy.lay_out(meta)
+        materialise(meta, builder, base, self.ctx.device, shadow, builder.weights_for(shadow))
+        return meta
 
     def make_learner(self, model: nn.Module, sync: GradientSync) -> StepLearner:
         """The learner around the model and its gradient sync."""
@@ -271,3 +295,9 @@ class StepLoop(UnitLoop):
             "skipped_steps": p.skipped_steps,
         }
         return section
+
+
+def _local_bytes(param: torch.Tensor) -> int:
+    """Bytes of `param` this rank holds (a DTensor: its local shard)."""
+    local = param.to_local() if hasattr(param, "to_local") else param
+    return local.numel() * local.element_size()

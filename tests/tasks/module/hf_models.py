@@ -39,18 +39,25 @@ class Windows(Dataset[torch.Tensor]):
         return self.tokens[start : start + self.length]
 
 
-def llama(layers: int = 4, width: int = 64, heads: int = 4, kv_heads: int = 2) -> dict[str, Any]:
+def llama(
+    layers: int = 4,
+    width: int = 64,
+    heads: int = 4,
+    kv_heads: int = 2,
+    tied: bool = False,
+    inner: int = 2,
+) -> dict[str, Any]:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
         vocab_size=256,
         hidden_size=width,
-        intermediate_size=2 * width,
+        intermediate_size=inner * width,
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
         max_position_embeddings=64,
-        tie_word_embeddings=False,
+        tie_word_embeddings=tied,
     )
     tokens = shakespeare_bytes(20_000)
     return {
@@ -73,6 +80,9 @@ def gpt2(layers: int = 4, width: int = 64, heads: int = 4) -> dict[str, Any]:
         bos_token_id=0,
         eos_token_id=0,
         tie_word_embeddings=False,
+        resid_pdrop=0.0,  # the layouts equal the local run without dropout's draws
+        embd_pdrop=0.0,
+        attn_pdrop=0.0,
     )
     tokens = shakespeare_bytes(20_000)
     return {

@@ -13,6 +13,8 @@ from shoal.config.base import LEARNERS, RESUME_SAFE, StrategySection, fill_defau
 class DataParallelStrategyConfig(StrategySection):
     """Replicas of the model, one data shard each, gradients averaged every step."""
 
+    block_options: ClassVar[bool] = True
+
     type: Literal["data_parallel"] = "data_parallel"
     workers_field: ClassVar[str | None] = "num_replicas"
     #: the global batch is split over however many replicas there are: the same problem

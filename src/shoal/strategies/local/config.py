@@ -10,6 +10,8 @@ from shoal.config.base import LEARNERS, StrategySection
 class LocalStrategyConfig(StrategySection):
     """One process trains on the whole dataset."""
 
+    block_options: ClassVar[bool] = True
+
     type: Literal["local"] = "local"
     in_process: ClassVar[bool] = True
     resumes_from: ClassVar[tuple[str, ...]] = (*LEARNERS, "pipeline")

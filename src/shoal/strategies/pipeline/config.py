@@ -27,6 +27,8 @@ class PipelineFields(StrategySection):
     `pipeline` dimension. Each says how many ranks the pipeline has (`pipeline_ranks`)
     and where that is set (`stages_field`)."""
 
+    block_options: ClassVar[bool] = True
+
     partitions: list[list[int]] | None = Field(
         None,
         description="The blocks of each stage, [first, last] inclusive, in stage order, e.g. "

@@ -28,6 +28,8 @@ DIMENSIONS = ("data", "pipeline", "tensor")
 class SpmdSection(StrategySection):
     """What the three share: a mesh, and the task's capabilities and rules on it."""
 
+    block_options: ClassVar[bool] = True
+
     workers_field: ClassVar[str | None] = "degree"
     # the mesh may change on resume: the checkpoint's pieces reshard by name (DCP)
     resumes_from: ClassVar[tuple[str, ...]] = LEARNERS

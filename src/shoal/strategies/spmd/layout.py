@@ -14,7 +14,7 @@ the global batch size, so the reduction is set to a plain sum (divide factor
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import torch
@@ -45,23 +45,30 @@ def lay_out(
     bf16: bool,
     patterns: Mapping[str, str] | None = None,
     wrap: list[str] | None = None,
+    prepare: Callable[[list[nn.Module]], None] | None = None,
 ) -> bool:
     """Shard `model` (the task's, or a pipeline stage of it) in place: by the plan's
     `patterns` and the `wrap` classes where the strategy's config gives them, else by what
-    `task` offers (`strategy` names who asks, in a refusal). True when FSDP shards it over
-    the data dimension."""
+    `task` offers (`strategy` names who asks, in a refusal); `prepare` is applied to the
+    blocks between the tensor plan and FSDP (activation checkpointing, compile). True when
+    FSDP shards it over the data dimension."""
     if "tensor" in dims:
         if patterns is not None:
             plan = plan_from_patterns(model, patterns, sequence_parallel, missing_ok=True)
         else:
             plan = TENSOR_PLAN.of(task, strategy).tensor_plan(model, sequence_parallel)
         parallelize_module(model, mesh["tensor"], plan)
-    if data_mode != "sharded" or "data" not in dims:
+    fsdp = data_mode == "sharded" and "data" in dims
+    if not fsdp and prepare is None:
         return False
     if wrap is not None:
         units = modules_of_classes(model, wrap)
     else:
         units = SHARD_UNITS.of(task, strategy).shard_units(model)
+    if prepare is not None:
+        prepare(units)
+    if not fsdp:
+        return False
     data = mesh["data"]
     # bf16: compute in bf16 (autocast does too), reduce gradients in float32
     policy = MixedPrecisionPolicy(

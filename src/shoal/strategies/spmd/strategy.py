@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import resource
 from dataclasses import replace
+from functools import partial
 from typing import Any, ClassVar
 
 import torch
@@ -35,6 +36,7 @@ from shoal.strategies.spmd.config import (
 from shoal.strategies.spmd.layout import build_mesh, lay_out
 from shoal.strategies.spmd.pipeline_mesh import MeshPipelineStrategy
 from shoal.strategies.spmd.sync import SpmdGradientSync, local
+from shoal.training.blocks import prepare_blocks, wants_blocks
 from shoal.training.contracts import GradientSync
 from shoal.training.learner import Learner
 from shoal.training.steps import StepLoop
@@ -49,12 +51,16 @@ class SpmdStrategy(Strategy[SpmdSection]):
     sync: SpmdGradientSync
     learner: Learner
 
-    def attach(self, model: nn.Module) -> GradientSync:
-        ctx, config = self.ctx, self.config
+    lays_out = True
+    #: the model `lay_out` sharded, and whether FSDP shards its data dimension
+    laid_out: tuple[nn.Module, bool] | None = None
+
+    def lay_out(self, model: nn.Module) -> None:
+        """The mesh from the config's dims, and `model` sharded over it (its parameters on
+        the meta device when the task builds so: each rank then materialises its pieces)."""
+        ctx, config, train = self.ctx, self.config, self.ctx.config.train
         dims = config.dims()
         self.mesh = build_mesh(ctx.device, dims, self.roles.workers)
-        coords = self.roles.coordinates(ctx.rank)
-        where = ", ".join(f"{k} {v}" for k, v in coords.items())
         sharded = lay_out(
             self._task,
             config.type,  # type: ignore[attr-defined]
@@ -66,7 +72,19 @@ class SpmdStrategy(Strategy[SpmdSection]):
             ctx.config.train.mixed_precision == "bf16",
             config.plan,
             config.wrap,
+            partial(prepare_blocks, train=train) if wants_blocks(train) else None,
         )
+        self.laid_out = (model, sharded)
+
+    def attach(self, model: nn.Module) -> GradientSync:
+        ctx, config = self.ctx, self.config
+        if self.laid_out is None or self.laid_out[0] is not model:
+            self.lay_out(model)
+        assert self.laid_out is not None
+        sharded = self.laid_out[1]
+        dims = config.dims()
+        coords = self.roles.coordinates(ctx.rank)
+        where = ", ".join(f"{k} {v}" for k, v in coords.items())
         replicated = config.data_mode() == "replicated" and dims.get("data", 1) > 1
         self.sync = SpmdGradientSync(model, self.mesh, dims, replicated, where)
         self.model = model

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 from typing import Any, ClassVar, Literal
 
-from pydantic import Field, PrivateAttr
+from pydantic import Field, PrivateAttr, ValidationInfo, field_validator
 
-from shoal.config.base import FieldError, TaskSection
+from shoal.config.base import RESUME_SAFE, FieldError, TaskSection
 from shoal.protocols.capabilities import (
     PIPELINE_STAGES,
     SHARD_UNITS,
@@ -39,6 +39,13 @@ class ModuleTaskConfig(TaskSection, FactoryOptions):
         pattern=FACTORY_PATTERN,
         description="`package.module:function` returning {model, train, [valid, test, "
         "collate, loss, metrics]} (see docs: your own model).",
+    )
+    weights: str | None = Field(
+        None,
+        description="Pretrained weights: a Hugging Face folder of safetensors (as "
+        "save_pretrained writes it) or one .safetensors file, relative to the config's "
+        "folder; each rank reads only its pieces. Tensors it lacks are initialised.",
+        json_schema_extra=RESUME_SAFE,
     )
     metric: str = Field(
         "loss",
@@ -60,6 +67,27 @@ class ModuleTaskConfig(TaskSection, FactoryOptions):
     #: the factory's checked result, once `check` called it (`factory.Built`)
     _built: Any = PrivateAttr(None)
     _meta: Any = PrivateAttr(None)
+
+    @field_validator("weights")
+    @classmethod
+    def _weights_exist(cls, value: str | None, info: ValidationInfo) -> str | None:
+        if value is None:
+            return None
+        from pathlib import Path
+
+        from shoal.tasks.module.weights import weight_files
+
+        base = (info.context or {}).get("base_dir")
+        path = Path(value).expanduser()
+        if not path.is_absolute() and base is not None:
+            path = Path(base) / path
+        try:
+            weight_files(path.resolve())
+        except (ValueError, OSError, RuntimeError) as exc:
+            raise ValueError(
+                f"{exc}; give a folder save_pretrained wrote, or a .safetensors file"
+            ) from None
+        return str(path.resolve())
 
     @property
     def primary_metric(self) -> tuple[str, str]:  # type: ignore[override]

@@ -57,8 +57,12 @@ def _linear(conv: Any, rows: slice | None = None) -> nn.Linear:
 
 
 def is_gpt2_style(model: nn.Module) -> bool:
-    """A model with GPT-2's attention (a fused `c_attn` Conv1D and a `split_size`)."""
-    return any(_fused_attention(m) for m in model.modules())
+    """A model with GPT-2's attention (a fused `c_attn` Conv1D and a `split_size`), as
+    Hugging Face builds it or as shoal holds it (`FusedQKV`)."""
+    return any(
+        _fused_attention(m) or isinstance(getattr(m, "c_attn", None), FusedQKV)
+        for m in model.modules()
+    )
 
 
 def _fused_attention(module: nn.Module) -> bool:
@@ -142,3 +146,21 @@ def from_hf_state(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
 
 def _was_conv1d(name: str) -> bool:
     return any(f".{part}." in name for part in ("c_proj", "c_fc", "c_attn", "q_attn"))
+
+
+def hf_source(name: str) -> tuple[str, Any] | None:
+    """Where a Hugging Face GPT-2 file holds shoal's tensor `name`: (its key, the function
+    that takes shoal's tensor out of the file's), or None for a tensor held as it is."""
+    parts = name.rsplit(".", 2)
+    if ".c_attn." in name and len(parts) == 3 and parts[1] in ("q", "k", "v"):
+        prefix, part, kind = parts
+        index = "qkv".index(part)
+
+        def piece(fused: torch.Tensor) -> torch.Tensor:
+            whole = fused.t() if kind == "weight" else fused
+            return whole.chunk(3, dim=0)[index].contiguous()
+
+        return f"{prefix}.{kind}", piece
+    if _was_conv1d(name) and name.endswith(".weight"):
+        return name, lambda weight: weight.t().contiguous()
+    return None

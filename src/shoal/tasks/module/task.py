@@ -30,6 +30,8 @@ from shoal.tasks.module import layout
 from shoal.tasks.module.config import ModuleTaskConfig
 from shoal.tasks.module.factory import built, held
 from shoal.tasks.module.losses import LOSSES, Loss, user_loss
+from shoal.tasks.module.weights import Pretrained
+from shoal.training.materialise import draw_base, materialise, parameters_on_meta
 
 
 class ModuleTask(Task):
@@ -47,6 +49,8 @@ class ModuleTask(Task):
         if len(self.splits["train"]) == 0:
             raise ShoalError(f"task.factory: {config.factory}: 'train' has no samples")
         self.collate = self.built.collate or default_collate
+        self._weights_told = False
+        self._owners: tuple[nn.Module | None, dict[int, Any]] = (None, {})  # init_module's
         loss = self.built.loss
         self.loss_fn: Loss = (
             LOSSES[loss]
@@ -60,21 +64,87 @@ class ModuleTask(Task):
         return len(self.splits["train"])
 
     def build_model(self) -> nn.Module:
-        """A fresh model: the factory's callable, called (under the caller's seed), or a copy
-        of the module it returned (built once, under the job's seed)."""
+        """A fresh model: the factory's callable built on the meta device and initialised
+        unit by unit (`training/materialise.py`: the values every sharded layout holds
+        pieces of, for the caller's seed), or a copy of the module the factory returned."""
+        meta = self.build_meta_model()
+        if meta is None:
+            assert isinstance(self.built.model, nn.Module)  # (a function builds on meta)
+            model = held(copy.deepcopy(self.built.model))
+            weights = self.weights_for(model)
+            if weights is not None:
+                for name, tensor in model.state_dict().items():
+                    if weights.has(name):
+                        weights.read_into(name, tensor)
+            return model
+        try:
+            materialise(meta, self, draw_base(), torch.device("cpu"), None, self.weights_for(meta))
+        except ShoalError as exc:
+            if str(exc).startswith("task."):
+                raise
+            raise ShoalError(f"task.factory: {self.config.factory}: {exc}") from None
+        return meta
+
+    # ------------------------------------------------------------ built on meta (MetaBuild)
+    def build_meta_model(self) -> nn.Module | None:
+        """The factory's callable, called with parameters on the meta device (None: the
+        factory returned a module, which exists whole already)."""
         model = self.built.model
         if isinstance(model, nn.Module):
-            made = copy.deepcopy(model)
-        else:
+            return None
+        with parameters_on_meta():
             made = model()
             if not isinstance(made, nn.Module):
                 raise ShoalError(
                     f"task.factory: {self.config.factory}: 'model' returned a "
                     f"{type(made).__name__}; it must return an nn.Module"
                 )
-            if self.built.init is not None:
-                self.built.init(made)
-        return held(made)
+            return held(made)
+
+    def init_units(self, model: nn.Module) -> list[str]:
+        """The repeated blocks, each a unit of its own."""
+        lists = layout.block_lists(model)
+        return (
+            [f"{lists[0][0]}.{name}" if lists[0][0] else name for name, _ in lists[0][1]]
+            if lists
+            else []
+        )
+
+    def weights_for(self, model: nn.Module) -> Pretrained | None:
+        """`[task] weights`, matched to `model`'s names; what it lacks or has beyond the
+        model is logged (once per process)."""
+        if self.config.weights is None:
+            return None
+        weights = Pretrained(self.config.weights, model)
+        if self.ctx.is_main and not self._weights_told:
+            self._weights_told = True
+            missing = weights.missing(model)
+            self.ctx.log.info(
+                "task.weights: %d tensors from %s%s%s",
+                len(weights.keys),
+                self.config.weights,
+                f"; initialised, not in it: {_some(missing)}" if missing else "",
+                f"; in it, not in the model: {_some(weights.unexpected)}"
+                if weights.unexpected
+                else "",
+            )
+        return weights
+
+    def init_module(self, model: nn.Module, module: nn.Module) -> None:
+        """The factory's `init(module)`; else a Hugging Face model's own `_init_weights`
+        (of the sub-model the module belongs to); else the module's `reset_parameters`."""
+        if self.built.init is not None:
+            self.built.init(module)
+            return
+        if self._owners[0] is not model:
+            self._owners = (model, hf_owners(model))
+        owner = self._owners[1].get(id(module))
+        if owner is not None:
+            owner._init_weights(module)
+        else:
+            reset = getattr(module, "reset_parameters", None)
+            if callable(reset):
+                reset()
 
     def train_batch(self, indices: torch.Tensor) -> Any:
         return self._batch("train", indices)
@@ -151,6 +221,27 @@ class ModuleTask(Task):
     def pipeline_loss(self, output: torch.Tensor, target: Any) -> LossOutput:
         total, count = layout.stage_loss(self.built.loss, output, target)
         return LossOutput(total, count)
+
+
+def _some(names: list[str]) -> str:
+    return ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
+
+
+def hf_owners(model: nn.Module) -> dict[int, Any]:
+    """For each module (by id), the innermost Hugging Face PreTrainedModel holding it (itself
+    included), whose `_init_weights` initialises it; absent for another model's modules."""
+    owners: dict[int, Any] = {}
+
+    def walk(module: nn.Module, owner: Any) -> None:
+        if hasattr(module, "_init_weights") and hasattr(module, "config"):
+            owner = module
+        if owner is not None:
+            owners[id(module)] = owner
+        for child in module.children():
+            walk(child, owner)
+
+    walk(model, None)
+    return owners
 
 
 def _indexed(data: Any) -> Any:
