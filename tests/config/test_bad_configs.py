@@ -168,6 +168,19 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "bad.toml:7: train.optimizer.lr: must be > 0, got -1",
     ),
     (
+        "infinite learning rate",
+        GOOD + 'optimizer = { kind = "adam", lr = inf }\n',
+        [],
+        "bad.toml:7: train.optimizer.lr: must be a finite number, got inf (inf and nan train "
+        "nothing)",
+    ),
+    (
+        "nan learning rate from --set",
+        GOOD,
+        ["--set", "train.optimizer.lr=nan"],
+        "--set: train.optimizer.lr: must be a finite number, got nan (inf and nan train nothing)",
+    ),
+    (
         "unknown optimizer",
         GOOD + 'optimizer = { kind = "rmsprop" }\n',
         [],

@@ -21,9 +21,12 @@ from shoal.shape.roles import RankRoles
 
 
 class ConfigModel(BaseModel):
-    """Strict, closed config section."""
+    """Strict, closed config section. No number in a config is inf or nan (TOML writes both):
+    `lr = inf` would pass `gt = 0` and train nothing but NaNs from the first step."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, validate_default=True, allow_inf_nan=False
+    )
 
     def check(self, config: Any) -> None:
         """Rules between this section and the rest of the job (`config`, the whole validated
@@ -158,6 +161,13 @@ class StrategySection(ConfigModel):
     #: strategy types whose checkpoints this one resumes from (the same parts, in a layout
     #: this one loads); empty: only its own type's
     resumes_from: ClassVar[tuple[str, ...]] = ()
+
+    # ------------------------------------------------------------ the batches
+    def smallest_step_batch(self, train: Any) -> tuple[int, str]:
+        """The fewest samples one step of this strategy can train on (`train`: the job's
+        `[train]`), and why: an epoch's last batch shorter than that is dropped, with one
+        notice (the step loop). Replicas train any batch of at least one sample."""
+        return 1, ""
 
     # ------------------------------------------------------------ the shape
     def worker_count(self) -> int:
