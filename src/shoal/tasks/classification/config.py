@@ -6,9 +6,17 @@ from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import RESUME_FIXED, ConfigModel, ExistingFile, TaskSection, fill_default_tag
+from shoal.config.base import (
+    RESUME_FIXED,
+    ConfigModel,
+    ExistingFile,
+    FieldError,
+    TaskSection,
+    fill_default_tag,
+)
+from shoal.errors import ShoalError
 from shoal.protocols.capabilities import CLASS_LABELS, CLIENT_FILES, Capability
-from shoal.tasks.user_code import FACTORY_PATTERN, FactoryOptions
+from shoal.tasks.user_code import FACTORY_PATTERN, FactoryOptions, import_factory
 
 
 class SyntheticDataConfig(ConfigModel):
@@ -130,3 +138,13 @@ class ClassificationTaskConfig(TaskSection):
     @classmethod
     def _default_source(cls, data: Any) -> Any:
         return fill_default_tag(data, "data", "source", "synthetic")
+
+    def check(self, config: Any) -> None:
+        """A `source = "python"` factory imports and is a function (`shoal config validate`
+        says so, not the first worker); it is called, with its options, only by the job."""
+        super().check(config)
+        if isinstance(self.data, PythonDataConfig):
+            try:
+                import_factory(self.data.factory, self.data.import_dir)
+            except ShoalError as exc:
+                raise FieldError(("task", "data", "factory"), str(exc)) from None
