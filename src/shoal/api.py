@@ -15,6 +15,7 @@ from shoal.launch.plan import create_run, plan_job, resume_root
 from shoal.launch.process_group import check_devices
 from shoal.run import RunPaths
 from shoal.run.lock import RunLock
+from shoal.run.paths import mark_if_untrained
 
 
 def train(
@@ -65,6 +66,8 @@ def train(
             if note:
                 print(f"shoal: warning: {note}", flush=True)
         paths = create_run(plan)
+        if plan.run_root is None:  # a new run that fails before training gives its name back
+            held.callback(_give_back_if_untrained, paths)
         if lock is None:
             lock = held.enter_context(RunLock(paths.lock))
         if plan.in_process:
@@ -86,3 +89,10 @@ def train(
         ).run()
         results: dict[str, Any] = json.loads(paths.results.read_text())
         return results
+
+
+def _give_back_if_untrained(paths: RunPaths) -> None:
+    """On the way out of a new run (after its lock is released): a run that wrote no results
+    failed, and if it trained nothing its name is given back (`run/paths.py`)."""
+    if not paths.results.exists():
+        mark_if_untrained(paths)
