@@ -66,6 +66,8 @@ def train(
             if note:
                 print(f"shoal: warning: {note}", flush=True)
         paths = create_run(plan)
+        if plan.resume_from is not None:  # on the terminal: not a new run
+            print(f"shoal: resuming {paths.root} from {plan.resume_from}", flush=True)
         if plan.run_root is None:  # a new run that fails before training gives its name back
             held.callback(_give_back_if_untrained, paths)
         if lock is None:

@@ -85,6 +85,8 @@ def test_the_cli_resumes_under_another_strategy_with_set(tmp_path: Path) -> None
         "--set", "strategy.type=local", cwd=tmp_path, timeout=180,
     )  # fmt: skip
     assert resumed.returncode == 0, resumed.stderr
+    # the terminal says it is a resume, not a new run
+    assert f"shoal: resuming {run} from {run / 'checkpoints' / 'step-00000004'}" in resumed.stdout
     log = (run / "logs" / "rank-0.log").read_text()
     assert 'resuming with a change of strategy.type: the checkpoint holds "data_parallel", ' \
         'asked "local"' in log  # fmt: skip
