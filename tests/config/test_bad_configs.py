@@ -53,7 +53,8 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         [],
         "bad.toml:7: train.learning_rate: unknown key; allowed here: batch_size, drop_last, "
         "early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
-        "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
+        "eval_every_epochs, eval_every_steps, grad_clip_norm, lr_decay, max_steps, micro_batches, "
+        "min_lr_ratio, "
         "mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, warmup_steps",
     ),
     (
@@ -256,7 +257,8 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         ["--set", "train.epoch=3"],
         "--set: train.epoch: unknown key; did you mean 'epochs'? allowed here: batch_size, drop_last, "
         "early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
-        "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
+        "eval_every_epochs, eval_every_steps, grad_clip_norm, lr_decay, max_steps, micro_batches, "
+        "min_lr_ratio, "
         "mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, warmup_steps",
     ),
     (
@@ -370,7 +372,8 @@ HUGE_CASES = [
         GOOD + "k" * (10 << 20) + " = 1\n",
         f"bad.toml:7: train.{'k' * 60}... (10,485,760 characters): unknown key; allowed here: "
         "batch_size, drop_last, early_stopping_min_delta, early_stopping_patience, epochs, "
-        "eval_batch_size, eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, "
+        "eval_batch_size, eval_every_epochs, eval_every_steps, grad_clip_norm, lr_decay, "
+        "max_steps, micro_batches, "
         "min_lr_ratio, mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, "
         "warmup_steps",
     ),
