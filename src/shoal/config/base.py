@@ -280,6 +280,12 @@ class TaskSection(ConfigModel):
         once built)."""
         return None
 
+    def memory_needs(self) -> list[tuple[str, int, int]]:
+        """What one process of this task holds before its first step, from the settings and
+        the data files' sizes alone (`launch/memory.py` adds them up): (what, bytes of data,
+        parameters of the model) per item. Empty: not estimated."""
+        return []
+
     def meta_model(self) -> Any:
         """Its model built on the meta device, to check names against (None: not before it
         trains)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -138,6 +139,18 @@ class ClassificationTaskConfig(TaskSection):
     @classmethod
     def _default_source(cls, data: Any) -> Any:
         return fill_default_tag(data, "data", "source", "synthetic")
+
+    def memory_needs(self) -> list[tuple[str, int, int]]:
+        """Synthetic data is generated in float64 with a few copies at once (mixing,
+        permuting, standardizing: some 24 bytes a value at the peak); the MLP's parameters
+        are known from the features, the hidden widths and the classes."""
+        data = self.data
+        if not isinstance(data, SyntheticDataConfig):
+            return []
+        widths = [data.features, *self.model.hidden, data.classes]
+        parameters = sum((a + 1) * b for a, b in itertools.pairwise(widths))
+        what = f"task.data: {data.samples:,} samples x {data.features} features"
+        return [(what, 24 * data.samples * data.features + 16 * data.samples, parameters)]
 
     def check(self, config: Any) -> None:
         """A `source = "python"` factory imports and is a function (`shoal config validate`
