@@ -108,11 +108,6 @@ def test_a_worker_that_never_started_is_named_without_a_missing_log(
     assert seen is not None or line.endswith("; it has written no log yet"), line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not done: a DCP checkpoint on a full disk still ends 'rank 0 (data 0) exited with "
-    "code 1 without an error report' (the worker's report does not reach the launcher)",
-)
 def test_a_full_disk_during_a_dcp_checkpoint_is_one_line_naming_it(
     tmp_path: Path, small_disk: Path
 ) -> None:
