@@ -124,7 +124,8 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "unknown task",
         '[task]\ntype = "regression"\n\n[train]\nepochs = 1\nbatch_size = 8\n',
         [],
-        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification, kge, lm",
+        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification, kge, lm, "
+        "module",
     ),
     (
         "missing train",

@@ -33,7 +33,7 @@ def _job(tmp_path: Path, strategy: dict[str, Any], **train: Any) -> Path:
         monitor={"progress": "off"},
         run={"name": "job"},
     )
-    del job["task"]["data"]["split"]
+    job["task"]["data"].pop("split", None)
     job["train"] = {k: v for k, v in job["train"].items() if v is not None}
     path = tmp_path / "job.toml"
     path.write_text(tomli_w.dumps(job))
