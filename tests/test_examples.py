@@ -81,3 +81,17 @@ def test_cluster_examples_run_a_shipped_config() -> None:
     assert "-m shoal train /etc/shoal/job.toml" in container["args"][0]
     assert "examples/multi-host.toml" in manifest.read_text()
     assert (REPO / "examples" / "multi-host.toml").is_file()
+
+
+@pytest.mark.parametrize("name", ["kge-kinships-ps.toml", "demo.toml"])
+def test_the_demos_fit_two_cores_without_a_warning(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`make demo` and the data-parallel demo start as many processes as a 2-core machine
+    has cores: they do not open with a warning about their own process count."""
+    from shoal.launch import cores
+    from shoal.launch.plan import plan_job
+
+    monkeypatch.setattr(cores, "available_cores", lambda: 2)
+    plan = plan_job(REPO / "examples" / name)
+    assert cores.check_cores(plan.world_size, "[strategy] of the config") is None

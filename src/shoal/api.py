@@ -11,10 +11,12 @@ from shoal.checkpoint.attempt import discard_attempt, stage_config
 from shoal.config.loading import ConfigSource
 from shoal.launch.cores import check_cores
 from shoal.launch.environment import external_launch
+from shoal.launch.memory import check_memory
 from shoal.launch.plan import create_run, plan_job, resume_root
 from shoal.launch.process_group import check_devices
 from shoal.run import RunPaths
 from shoal.run.lock import RunLock
+from shoal.run.paths import mark_if_untrained
 
 
 def train(
@@ -36,7 +38,8 @@ def train(
     checkpoint/changes.py). Under torchrun (or as a task of a Slurm `srun` step),
     this process joins the launched job instead of starting workers. More worker
     processes than cores are started with a warning; more than 4 per core are
-    refused (ShoalError) unless `force`.
+    refused (ShoalError) unless `force`, as is a job whose estimated memory before its
+    first step exceeds what the machine has available (launch/memory.py).
 
     This process holds the run directory's lock for the whole job (run/lock.py):
     a second job on the same run is refused, naming this one. A run that SIGTERM
@@ -56,6 +59,7 @@ def train(
         root = resume_root(resume) if resume is not None else None
         lock = held.enter_context(RunLock(RunPaths(root).lock)) if root is not None else None
         plan = plan_job(config, overrides, workers, resume, allow_changes)
+        check_memory(plan.config, plan.world_size, force)  # before anything is written
         if not plan.in_process:  # before the run directory is created
             source = f"--workers {workers}" if workers is not None else "[strategy] of the config"
             warning = check_cores(plan.world_size, source, force)
@@ -65,6 +69,10 @@ def train(
             if note:
                 print(f"shoal: warning: {note}", flush=True)
         paths = create_run(plan)
+        if plan.resume_from is not None:  # on the terminal: not a new run
+            print(f"shoal: resuming {paths.root} from {plan.resume_from}", flush=True)
+        if plan.run_root is None:  # a new run that fails before training gives its name back
+            held.callback(_give_back_if_untrained, paths)
         if lock is None:
             lock = held.enter_context(RunLock(paths.lock))
         if plan.in_process:
@@ -86,3 +94,10 @@ def train(
         ).run()
         results: dict[str, Any] = json.loads(paths.results.read_text())
         return results
+
+
+def _give_back_if_untrained(paths: RunPaths) -> None:
+    """On the way out of a new run (after its lock is released): a run that wrote no results
+    failed, and if it trained nothing its name is given back (`run/paths.py`)."""
+    if not paths.results.exists():
+        mark_if_untrained(paths)

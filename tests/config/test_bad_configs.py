@@ -54,7 +54,8 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "bad.toml:7: train.learning_rate: unknown key; allowed here: activation_checkpointing, batch_size, "
         "compile, drop_last, "
         "early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
-        "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
+        "eval_every_epochs, eval_every_steps, grad_clip_norm, lr_decay, max_steps, micro_batches, "
+        "min_lr_ratio, "
         "mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, warmup_steps",
     ),
     (
@@ -124,7 +125,8 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "unknown task",
         '[task]\ntype = "regression"\n\n[train]\nepochs = 1\nbatch_size = 8\n',
         [],
-        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification, kge, lm, module",
+        "bad.toml:2: task.type: unknown value 'regression'; choose one of: classification, kge, lm, "
+        "module",
     ),
     (
         "missing train",
@@ -167,6 +169,19 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         GOOD + 'optimizer = { kind = "sgd", lr = -1 }\n',
         [],
         "bad.toml:7: train.optimizer.lr: must be > 0, got -1",
+    ),
+    (
+        "infinite learning rate",
+        GOOD + 'optimizer = { kind = "adam", lr = inf }\n',
+        [],
+        "bad.toml:7: train.optimizer.lr: must be a finite number, got inf (inf and nan train "
+        "nothing)",
+    ),
+    (
+        "nan learning rate from --set",
+        GOOD,
+        ["--set", "train.optimizer.lr=nan"],
+        "--set: train.optimizer.lr: must be a finite number, got nan (inf and nan train nothing)",
     ),
     (
         "unknown optimizer",
@@ -242,9 +257,10 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "override unknown key",
         GOOD,
         ["--set", "train.epoch=3"],
-        "--set: train.epoch: unknown key; did you mean 'epochs'? allowed here: activation_checkpointing, "
-        "batch_size, compile, drop_last, early_stopping_min_delta, early_stopping_patience, epochs, eval_batch_size, "
-        "eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
+        "--set: train.epoch: unknown key; did you mean 'epochs'? allowed here: "
+        "activation_checkpointing, batch_size, compile, drop_last, early_stopping_min_delta, "
+        "early_stopping_patience, epochs, eval_batch_size, eval_every_epochs, eval_every_steps, "
+        "grad_clip_norm, lr_decay, max_steps, micro_batches, min_lr_ratio, "
         "mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, warmup_steps",
     ),
     (
@@ -357,8 +373,9 @@ HUGE_CASES = [
         "10 MB key",
         GOOD + "k" * (10 << 20) + " = 1\n",
         f"bad.toml:7: train.{'k' * 60}... (10,485,760 characters): unknown key; allowed here: "
-        "activation_checkpointing, batch_size, compile, drop_last, early_stopping_min_delta, early_stopping_patience, epochs, "
-        "eval_batch_size, eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, "
+        "activation_checkpointing, batch_size, compile, drop_last, early_stopping_min_delta, "
+        "early_stopping_patience, epochs, eval_batch_size, eval_every_epochs, eval_every_steps, "
+        "grad_clip_norm, lr_decay, max_steps, micro_batches, "
         "min_lr_ratio, mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, "
         "warmup_steps",
     ),

@@ -49,6 +49,22 @@ def test_overrides_apply_in_order_and_follow_unions() -> None:
     assert config.train.optimizer.lr == 0.02
 
 
+def test_a_new_variant_tag_replaces_the_old_variants_table() -> None:
+    """`--set strategy.type=...` starts the new strategy from its defaults: the old one's
+    fields are not unknown keys of the new one; what the same command set there is kept."""
+    job = {**BASE, "strategy": {"type": "data_parallel", "num_replicas": 3, "bucket_cap_mb": 1.0}}
+    assert load_config(job, ["strategy.type=local"]).strategy.type == "local"
+    local = {**BASE, "strategy": {"type": "local"}}
+    config = load_config(local, ["strategy.num_replicas=4", "strategy.type=data_parallel"])
+    assert config.strategy.type == "data_parallel" and config.strategy.num_replicas == 4
+    # the same tag again changes nothing
+    config = load_config(job, ["strategy.type=data_parallel"])
+    assert config.strategy.num_replicas == 3 and config.strategy.bucket_cap_mb == 1.0
+    momentum = {**BASE["train"], "optimizer": {"kind": "sgd", "lr": 0.3, "momentum": 0.9}}
+    config = load_config({**BASE, "train": momentum}, ["train.optimizer.kind=adam"])
+    assert isinstance(config.train.optimizer, AdamConfig) and config.train.optimizer.lr == 1e-3
+
+
 def test_omitted_tag_means_the_default_variant() -> None:
     config = load_config({**BASE, "train": {**BASE["train"], "optimizer": {"lr": 0.3}}})
     assert isinstance(config.train.optimizer, SGDConfig) and config.train.optimizer.lr == 0.3

@@ -4,6 +4,8 @@ never started."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
 import signal
@@ -19,6 +21,7 @@ from tests.conftest import data_parallel, run_shoal
 from tests.hostile.jobs import (
     finish,
     no_worker_left,
+    slow_data_parallel,
     start,
     wait_for,
     workers_of,
@@ -108,11 +111,6 @@ def test_a_worker_that_never_started_is_named_without_a_missing_log(
     assert seen is not None or line.endswith("; it has written no log yet"), line
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="not done: a DCP checkpoint on a full disk still ends 'rank 0 (data 0) exited with "
-    "code 1 without an error report' (the worker's report does not reach the launcher)",
-)
 def test_a_full_disk_during_a_dcp_checkpoint_is_one_line_naming_it(
     tmp_path: Path, small_disk: Path
 ) -> None:
@@ -132,9 +130,35 @@ def test_a_full_disk_during_a_dcp_checkpoint_is_one_line_naming_it(
     assert done.returncode == 1, done.stderr
     last = done.stderr.strip().splitlines()[-1]
     found = re.match(
-        rf"rank (\d) failed at step 3: DiskFull: checkpoint of step 3 not written: the disk holding "
+        rf"rank (\d) \(data \d\) failed at step 3: DiskFull: checkpoint of step 3 not written: "
+        rf"the disk holding "
         rf"{small_disk}/job/checkpoints is full \(([\d,]+) bytes free\) \(log: ",
         last,
     )
     assert found, last
     assert "Traceback" not in done.stderr and "CheckpointException" not in done.stderr
+
+
+@pytest.mark.parametrize("victim", [1, 0])
+def test_a_killed_rank_is_named_at_the_step_it_reached(tmp_path: Path, victim: int) -> None:
+    """Killed once `shoal status` shows it past step 20, a rank (rank 0 or another) is
+    named at that step or later, not at the first step it reported."""
+    write_job(tmp_path, **slow_data_parallel(2, delay_s=0.05, epochs=400))
+    run_dir = tmp_path / "runs" / "job"
+    launcher = start("train", "job.toml", cwd=tmp_path)
+    pid = workers_of(launcher, 2)[victim]
+
+    def reached() -> int | None:
+        with contextlib.suppress(OSError, ValueError, KeyError, IndexError):
+            status = json.loads((run_dir / "status.json").read_text())
+            step = int(status["ranks"][victim]["step"])
+            return step if step >= 20 else None
+        return None
+
+    seen = wait_for(reached, 120, f"rank {victim} to pass step 20")
+    os.kill(pid, signal.SIGKILL)
+    code, _, err = finish(launcher, timeout=60)
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]
+    found = re.match(rf"rank {victim} was killed by SIGKILL \(last reported step (\d+)\)", last)
+    assert found and int(found.group(1)) >= seen, (seen, last)

@@ -154,3 +154,42 @@ def test_a_run_lock_that_is_not_a_file_is_one_line_and_nothing_is_written(
         "directory and run again"
     ]
     assert precious.read_text() == "keep me\n"
+
+
+#: holds run.lock under the name of a process that has exited (a launcher killed while its
+#: workers, which inherited the lock, still run)
+_LEFT_HOLDER = """
+import fcntl, json, os, socket, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)
+fcntl.flock(fd, fcntl.LOCK_EX)
+os.pwrite(fd, json.dumps({"pid": 2**22 + 1, "host": socket.gethostname(),
+                          "started": "earlier"}).encode(), 0)
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
+def test_a_lock_left_to_live_processes_names_them_not_the_exited_launcher(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shoal.run.lock as lock
+
+    monkeypatch.setattr(lock, "DEAD_HOLDER_WAIT_S", 0.3)
+    path = tmp_path / "run.lock"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", _LEFT_HOLDER, str(path)], stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(RunInUse) as refused:
+            RunLock(path).acquire()
+    finally:
+        holder.kill()
+        holder.wait(timeout=10)
+    (line,) = refused.value.lines
+    assert str(2**22 + 1) not in line, line
+    assert line == (
+        f"{tmp_path}: in use by process {holder.pid} on {socket.gethostname()}, left from a "
+        "shoal job whose launcher has exited; one run directory has one writer: wait for them "
+        f"to end or stop them (kill {holder.pid}), then resume"
+    )

@@ -64,8 +64,8 @@ CASES: list[tuple[str, str, list[str], str]] = [
         GOOD + CUSTOM.replace("shoal_local_sgd.strategy", "shoal_local_sdg.strategy"),
         [],
         "bad.toml:10: strategy.class: shoal_local_sdg.strategy:LocalSGDStrategy: cannot import "
-        "it: no module named 'shoal_local_sdg' (put its folder on PYTHONPATH or install its "
-        "package)",
+        "it: no module named 'shoal_local_sdg' (put it beside the config, set import_dir, put "
+        "its folder on PYTHONPATH or install its package)",
     ),
     (
         "dotted path: not a strategy",

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import torch
@@ -90,3 +91,24 @@ def test_regression_bad_data_is_one_line(tmp_path: Path) -> None:
     assert (
         done.stderr.strip().splitlines()[-1].endswith("data.csv:3: column b: 'x' is not a number")
     )
+
+
+def test_a_task_class_beside_the_config_imports_without_pythonpath(tmp_path: Path) -> None:
+    """`[task] type = "custom"` names a class whose package lies beside the config: it is
+    imported from the config's folder, as a factory is, by the launcher and by every worker
+    (run from another directory, the project's folder on no PYTHONPATH)."""
+    project = tmp_path / "project"
+    shutil.copytree(REGRESSION / "shoal_regression", project / "shoal_regression")
+    _csv(project / "data.csv", rows=300)
+    job = JOB.format(name="custom").replace(
+        '[task]\ntype = "regression"\npath = "data.csv"\nhidden = [64, 64]\n',
+        '[task]\ntype = "custom"\nclass = "shoal_regression.task:RegressionTask"\n'
+        '[task.config]\ntype = "regression"\npath = "data.csv"\nhidden = [16]\n'
+        '[strategy]\ntype = "data_parallel"\nnum_replicas = 2\n',
+    )
+    (project / "job.toml").write_text(job.replace("epochs = 40", "epochs = 2"))
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    done = run_shoal("train", str(project / "job.toml"), cwd=elsewhere, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (elsewhere / "runs" / "custom" / "results.json").is_file()

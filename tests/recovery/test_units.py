@@ -4,16 +4,19 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import time
 from pathlib import Path
 
 import pytest
+import tomli_w
 
 from shoal.config.sections import FaultsConfig
 from shoal.errors import JobFailed, ShoalError
 from shoal.recovery.restarts import Failure, RestartLog, newest_state
 from shoal.recovery.status import RankStatus, StatusBoard, status_lines
 from shoal.run import RunPaths, create_run_dir
+from tests.conftest import run_shoal, small_job
 
 
 def _fake_checkpoint(folder: Path, step: int) -> Path:
@@ -191,3 +194,24 @@ def test_status_prints_no_terminal_control_characters(tmp_path: Path) -> None:
     assert "\u202e" not in text
     assert "\\x1b[2J" in lines[0] and "\\x1b]52;c;ZXZpbA==\\x07" in text
     assert lines[2].split()[3] == "7"
+
+
+def test_shoal_status_reads_a_local_run(tmp_path: Path) -> None:
+    """A `local` job trains inside the calling process, with no launcher: its own heartbeat
+    thread keeps status.json, so `shoal status` shows its rank, state and last step."""
+    done = run_shoal_train_local(tmp_path)
+    assert done.returncode == 0, done.stderr
+    shown = run_shoal("status", str(tmp_path / "runs" / "job"), cwd=tmp_path)
+    assert shown.returncode == 0, shown.stderr
+    header, _, row = shown.stdout.strip().splitlines()
+    assert header.endswith(": done; restarts 0 of 0 (faults.max_restarts)"), header
+    steps = json.loads((tmp_path / "runs" / "job" / "results.json").read_text())["steps"]
+    assert row.split()[:4] == ["0", "worker", "done", str(steps)], row
+
+
+def run_shoal_train_local(tmp_path: Path) -> subprocess.CompletedProcess[str]:
+    """A 2-epoch local job through the CLI, in the calling process."""
+    (tmp_path / "job.toml").write_text(
+        tomli_w.dumps(small_job(tmp_path / "runs", run={"name": "job"}))
+    )
+    return run_shoal("train", "job.toml", cwd=tmp_path, timeout=120)

@@ -264,3 +264,25 @@ def test_a_pipeline_runs_page_has_the_model_parallel_panel(
     assert all(r["grad_norm"] > 0 for r in train)
     for name in ("time", "memory", "grad_norm"):
         assert page.panels[name].drawn, name
+
+
+def test_the_page_names_the_optimizer_the_run_trains_with(tmp_path: Path) -> None:
+    """A parameter server's rows are trained by its own optimizer: the summary names that
+    one, and the resolved config (which lists [train.optimizer]'s defaults too) says so."""
+    run = tmp_path / "ps"
+    run.mkdir()
+    (run / "config.toml").write_text(
+        '[task]\ntype = "kge"\n\n[strategy]\ntype = "parameter_server"\n\n'
+        '[strategy.optimizer]\nkind = "adagrad"\nlr = 0.3\n\n'
+        '[train]\nbatch_size = 512\n\n[train.optimizer]\nkind = "sgd"\nlr = 0.01\n'
+    )
+    (run / "metrics.jsonl").write_text(
+        json.dumps({"event": "train", "step": 2, "epoch": 0, "loss": 1.5, "time": 1.0}) + "\n"
+    )
+    page = _page(write_report([run], tmp_path / "report.html"))
+    summary = " ".join(page.panels["summary"].text)
+    assert "adagrad (lr 0.3; strategy.optimizer)" in summary, summary
+    assert "sgd" not in summary
+    config = " ".join(page.panels["config"].text)
+    assert "trains with is adagrad (lr 0.3; strategy.optimizer)" in config
+    assert "[train.optimizer] below is not used" in config

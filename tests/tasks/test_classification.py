@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import shoal
+from shoal.cli.main import main
 from shoal.errors import DataError, ShoalError
 from shoal.tasks.classification.config import FileDataConfig, SyntheticDataConfig
 from shoal.tasks.classification.data import load_files, make_synthetic
@@ -219,3 +220,25 @@ def test_factory_errors(runs: Path, tmp_path: Path, factory: str, message: str) 
     }
     with pytest.raises(ShoalError, match=message):
         shoal.train(small_job(runs, task=task))
+
+
+@pytest.mark.parametrize(
+    ("factory", "message"),
+    [
+        ("no_such_module_xyz:build", "cannot import 'no_such_module_xyz'"),
+        ("my_squares4:nothing", "module 'my_squares4' has no function 'nothing'"),
+    ],
+)
+def test_config_validate_imports_the_factory(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], factory: str, message: str
+) -> None:
+    """`shoal config validate` imports the factory from the config's folder (a name that
+    does not import is refused there, in one line, not first by a worker)."""
+    (tmp_path / "my_squares4.py").write_text(FACTORY)
+    (tmp_path / "job.toml").write_text(
+        f'[task]\ntype = "classification"\n[task.data]\nsource = "python"\n'
+        f'factory = "{factory}"\n[train]\nepochs = 1\nbatch_size = 20\n'
+    )
+    assert main(["config", "validate", str(tmp_path / "job.toml")]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"{tmp_path / 'job.toml'}:5: task.data.factory: {message}"), line

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import json
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Any, get_args
@@ -58,6 +58,7 @@ class Change:
     saved: str
     asked: str
     kind: str
+    why: str = "the saved state cannot load with it"
 
     def text(self) -> str:
         return f"the checkpoint holds {self.saved}, asked {self.asked}"
@@ -204,7 +205,10 @@ def resume_changes(
         kind = rules.classify(field, before)
         if saved_files and field in saved_files and saved_files[field] == files_now.get(field):
             kind = SAFE  # the same file, moved
-        changes.append(Change(field, _show(before), _show(after), kind))
+        change = Change(field, _show(before), _show(after), kind)
+        if field == "strategy.type" and kind == INCOMPATIBLE:
+            change = replace(change, why=_strategy_why(after, rules.strategy_types))
+        changes.append(change)
     paths_before, paths_now = _flatten(saved), _flatten(asked)
     for field in sorted((saved_files or {}).keys() & files_now.keys()):
         before, after = (saved_files or {})[field], files_now[field]
@@ -219,12 +223,22 @@ def resume_changes(
     return changes
 
 
+def _strategy_why(asked: Any, resumes_from: tuple[str, ...]) -> str:
+    """Why a checkpoint of another strategy does not load under `asked`."""
+    if not resumes_from:
+        return f"a {asked} run resumes only its own checkpoints (its state has its own layout)"
+    return (
+        f"a {asked} run resumes checkpoints of {', '.join([str(asked), *resumes_from])} only "
+        "(another strategy's state has another layout)"
+    )
+
+
 def refuse_changes(changes: list[Change], checkpoint: Path, allow: bool) -> None:
     """Raise one line per change a resume may not make: incompatible ones always, those that
     change the problem unless `allow` (--allow-changes)."""
     lines = [
-        f"{c.field}: cannot change when resuming from {checkpoint}: {c.text()}; the saved "
-        "state cannot load with it: resume without this change, or start a new run"
+        f"{c.field}: cannot change when resuming from {checkpoint}: {c.text()}; {c.why}: "
+        "resume without this change, or start a new run"
         for c in changes
         if c.kind == INCOMPATIBLE
     ]

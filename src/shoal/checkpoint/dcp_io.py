@@ -16,6 +16,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 from torch import nn
 from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
 from torch.distributed.checkpoint.metadata import Metadata, StorageMeta
 from torch.distributed.checkpoint.state_dict import (
@@ -44,11 +45,36 @@ class ShardedFiles:
             "model": get_model_state_dict(self.model),
             "optimizer": get_optimizer_state_dict(self.model, self.optimizer),
         }
-        dcp.save(state, checkpoint_id=folder / SHARDED_DIR)
+        try:
+            dcp.save(state, checkpoint_id=folder / SHARDED_DIR)
+        except CheckpointException as exc:
+            raise _write_failed(exc) from _first_failure(exc)
         return {}  # the manager hashes every piece, whichever rank wrote it
 
     def written(self) -> None:
         """Nothing to wait for: `dcp.save` ends once every rank's pieces are written."""
+
+
+class ShardedWriteFailed(RuntimeError):
+    """DCP could not write a rank's pieces (its CheckpointException, made an Exception)."""
+
+
+def _first_failure(exc: CheckpointException) -> BaseException | None:
+    """The first rank's own error (a full disk's OSError), the chain's cause: `space.py`
+    reads ENOSPC off the chain."""
+    for _, (error, _trace) in sorted(exc.failures.items()):
+        return error
+    return None
+
+
+def _write_failed(exc: CheckpointException) -> ShardedWriteFailed:
+    """DCP's CheckpointException derives from BaseException, which a worker's error report
+    (any Exception) let through: the rank died with a traceback and no report, and the
+    job ended 'exited with code 1 without an error report'. The first failure, in one line."""
+    first = _first_failure(exc)
+    ranks = ", ".join(map(str, sorted(exc.failures)))
+    said = f"{type(first).__name__}: {first}" if first is not None else "no failure named"
+    return ShardedWriteFailed(f"the sharded pieces were not written (ranks {ranks}): {said}")
 
 
 class ShardedModelPart:

@@ -193,7 +193,8 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument(
         "--force",
         action="store_true",
-        help="start the workers even if they outnumber the CPU cores more than 4 times",
+        help="start the workers even if they outnumber the CPU cores more than 4 times, or "
+        "the job's estimated memory exceeds what the machine has available",
     )
     train.add_argument(
         "--allow-changes",

@@ -21,9 +21,12 @@ from shoal.shape.roles import RankRoles
 
 
 class ConfigModel(BaseModel):
-    """Strict, closed config section."""
+    """Strict, closed config section. No number in a config is inf or nan (TOML writes both):
+    `lr = inf` would pass `gt = 0` and train nothing but NaNs from the first step."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, validate_default=True)
+    model_config = ConfigDict(
+        extra="forbid", strict=True, validate_default=True, allow_inf_nan=False
+    )
 
     def check(self, config: Any) -> None:
         """Rules between this section and the rest of the job (`config`, the whole validated
@@ -162,6 +165,13 @@ class StrategySection(ConfigModel):
     #: this one loads); empty: only its own type's
     resumes_from: ClassVar[tuple[str, ...]] = ()
 
+    # ------------------------------------------------------------ the batches
+    def smallest_step_batch(self, train: Any) -> tuple[int, str]:
+        """The fewest samples one step of this strategy can train on (`train`: the job's
+        `[train]`), and why: an epoch's last batch shorter than that is dropped, with one
+        notice (the step loop). Replicas train any batch of at least one sample."""
+        return 1, ""
+
     # ------------------------------------------------------------ the shape
     def worker_count(self) -> int:
         """Worker processes this section asks for."""
@@ -272,6 +282,12 @@ class TaskSection(ConfigModel):
         """The paths of the blocks its model cuts into, when the settings say (None: known
         once built)."""
         return None
+
+    def memory_needs(self) -> list[tuple[str, int, int]]:
+        """What one process of this task holds before its first step, from the settings and
+        the data files' sizes alone (`launch/memory.py` adds them up): (what, bytes of data,
+        parameters of the model) per item. Empty: not estimated."""
+        return []
 
     def meta_model(self) -> Any:
         """Its model built on the meta device, to check names against (None: not before it

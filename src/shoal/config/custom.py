@@ -7,7 +7,8 @@
     [strategy.config]        # validated by MyCoordinator.config_class
     k = 4
 
-For one-off experiments: nothing to install, only the module on `PYTHONPATH`.
+For one-off experiments: nothing to install, the module beside the config (or in
+`import_dir`, or on `PYTHONPATH`).
 The class is imported while the config is validated, so a typo in the path, a
 class of the wrong type or a bad `[strategy.config]` value is reported like any
 other config error (`file:line: strategy.config.k: ...`). After validation,
@@ -18,11 +19,13 @@ from __future__ import annotations
 
 import builtins
 import functools
+import sys
+from pathlib import Path
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from shoal.config.base import ConfigModel, FieldError
+from shoal.config.base import RESUME_SAFE, ConfigModel, FieldError
 from shoal.plugins.registry import Plugin, PluginError, PluginRegistry
 
 
@@ -41,7 +44,10 @@ def custom_plugin(registry: PluginRegistry, target: str) -> Plugin:
 def _message(exc: PluginError, target: str) -> str:
     text = str(exc).split("): ", 1)[-1]  # drop "<kind> plugin 'custom' (dotted path ...)"
     if "cannot import" in text:
-        return f"{target}: {text} (put its folder on PYTHONPATH or install its package)"
+        return (
+            f"{target}: {text} (put it beside the config, set import_dir, put its folder on "
+            "PYTHONPATH or install its package)"
+        )
     return text
 
 
@@ -69,6 +75,12 @@ def custom_section(registry: PluginRegistry) -> type[ConfigModel]:
             default_factory=dict,
             description=f"The {noun}'s own settings, validated by its class's `config_class`.",
         )
+        import_dir: str | None = Field(
+            None,
+            description="Folder the class's module is imported from, before PYTHONPATH "
+            "(default: the config file's folder, as for a factory).",
+            json_schema_extra=RESUME_SAFE,
+        )
 
         @classmethod
         def nested_model(cls, key: str, value: Any) -> builtins.type[BaseModel] | None:
@@ -83,6 +95,7 @@ def custom_section(registry: PluginRegistry) -> type[ConfigModel]:
 
         @model_validator(mode="after")
         def _load(self, info: Any) -> CustomConfig:
+            self.import_dir = importable_from(self.import_dir, (info.context or {}).get("base_dir"))
             try:
                 plugin = custom_plugin(registry, self.class_)
             except PluginError as exc:
@@ -100,6 +113,19 @@ def custom_section(registry: PluginRegistry) -> type[ConfigModel]:
 
     CustomConfig.__name__ = CustomConfig.__qualname__ = f"Custom{noun.title()}Config"
     return CustomConfig
+
+
+def importable_from(import_dir: str | None, base_dir: str | None) -> str | None:
+    """`import_dir` made absolute (relative to the config's folder `base_dir`; unset: that
+    folder) and put first on `sys.path`: a class named beside the config imports as a
+    factory does, in the workers too (the resolved config carries the absolute folder)."""
+    if import_dir is None:
+        import_dir = base_dir
+    elif base_dir is not None and not Path(import_dir).is_absolute():
+        import_dir = str((Path(base_dir) / import_dir).resolve())
+    if import_dir is not None and import_dir not in sys.path:
+        sys.path.insert(0, import_dir)
+    return import_dir
 
 
 def section_class(registry: PluginRegistry, section: Any) -> Any:

@@ -14,10 +14,12 @@ from pydantic import ValidationError
 
 from shoal.config.messages import format_errors
 from shoal.config.root import ShoalConfig
-from shoal.config.schema_walk import annotation_at, is_text
+from shoal.config.schema_walk import annotation_at, is_text, union_tags
 from shoal.errors import ConfigError
 
 ConfigSource = str | Path | Mapping[str, Any] | ShoalConfig
+#: the keys that pick a variant of a union table (`[strategy] type`, `optimizer.kind`, ...)
+_VARIANT_TAGS = ("type", "kind", "source", "method")
 NESTED_TOO_DEEP = (
     "arrays or tables nested too deeply to read (a config needs a few levels; look for a "
     "run of '[' or '{')"
@@ -82,8 +84,13 @@ def parse_override(item: str, data: Mapping[str, Any]) -> tuple[tuple[str, ...],
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> list[tuple[str, ...]]:
-    """Apply `--set` items in order onto `data`; returns the paths they set."""
-    paths = []
+    """Apply `--set` items in order onto `data`; returns the paths they set.
+
+    `--set strategy.type=fully_sharded` (any variant tag: `type`, `kind`, `source`,
+    `method`) that changes the variant of a table replaces the table: the old variant's
+    fields are not fields of the new one, so only what earlier `--set` items of the same
+    command put there is kept."""
+    paths: list[tuple[str, ...]] = []
     for item in overrides:
         path, value = parse_override(item, data)
         node = data
@@ -93,9 +100,23 @@ def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> list[tupl
                 child = {}
                 node[key] = child
             node = child
+        if _switches_variant(data, path, node, value):
+            table, depth = path[:-1], len(path) - 1
+            kept = {p[depth] for p in paths if p[:depth] == table and len(p) > depth}
+            for key in [k for k in node if k not in kept]:
+                del node[key]
         node[path[-1]] = value
         paths.append(path)
     return paths
+
+
+def _switches_variant(
+    data: Mapping[str, Any], path: tuple[str, ...], node: Any, value: Any
+) -> bool:
+    """Whether setting `path` to `value` changes the variant of the union table holding it."""
+    if path[-1] not in _VARIANT_TAGS or len(path) < 2 or node.get(path[-1], value) == value:
+        return False
+    return len(union_tags(ShoalConfig, path[:-1], data)) > 1
 
 
 def load_config(

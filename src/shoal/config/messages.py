@@ -173,6 +173,8 @@ def _message(error: Any, path: list[str | int], root: type[BaseModel], data: Any
     }
     if kind in types_:
         return f"must be {types_[kind]}, got {_describe(value)}"
+    if kind == "finite_number":
+        return f"must be a finite number, got {echo(value)} (inf and nan train nothing)"
     if kind == "string_pattern_mismatch":
         return f"must match {ctx.get('pattern')}, got {echo(value)}"
     if kind in ("too_short", "too_long"):

@@ -184,6 +184,13 @@ class TrainConfig(ConfigModel):
         description="Evaluate on the held-out split every N epochs (0: only at the end).",
         json_schema_extra=RESUME_SAFE,
     )
+    eval_every_steps: int = Field(
+        0,
+        ge=0,
+        description="Also evaluate every N optimizer steps (0: by epochs only), for runs whose "
+        "epochs are long; strategies that train in rounds or generations count those instead.",
+        json_schema_extra=RESUME_SAFE,
+    )
     early_stopping_patience: int | None = Field(
         None,
         ge=1,
@@ -238,9 +245,10 @@ class TrainConfig(ConfigModel):
                 'mixed_precision = "fp16" overflows now and then by design (the loss scale then '
                 'backs off); set on_nonfinite = "skip_step"'
             )
-        if self.lr_decay == "plateau" and self.eval_every_epochs == 0:
+        if self.lr_decay == "plateau" and self.eval_every_epochs == 0 == self.eval_every_steps:
             raise ValueError(
-                'lr_decay = "plateau" lowers the rate after evaluations; set eval_every_epochs >= 1'
+                'lr_decay = "plateau" lowers the rate after evaluations; set eval_every_epochs '
+                "(or eval_every_steps) >= 1"
             )
         if self.micro_batches > self.batch_size:
             raise ValueError(

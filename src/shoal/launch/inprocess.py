@@ -14,6 +14,7 @@ from shoal.launch.job import run_job
 from shoal.launch.process_group import pick_device
 from shoal.launch.reports import write_report
 from shoal.monitor.logs import close_logger, worker_logger
+from shoal.recovery.status import InProcessStatus
 from shoal.run import RunPaths
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.stop import raise_now, stop_on_signals
@@ -36,6 +37,8 @@ def run_in_process(
     if warning:
         log.warning("%s", warning)
     threads_before = torch.get_num_threads()
+    status = InProcessStatus(paths, config.faults.heartbeat_interval_s)  # for `shoal status`
+    ended = "failed"
     try:
         if config.run.threads_per_worker:
             torch.set_num_threads(config.run.threads_per_worker)
@@ -53,10 +56,14 @@ def run_in_process(
             hosts=Hosts.single(1),
             resume_from=resume_from,
             allow_changes=allow_changes,
+            heartbeat=status,
         )
         with stop_on_signals(log, at_once=raise_now):
-            return run_job(ctx)
+            results = run_job(ctx)
+        ended = "stopped" if results.get("stop") else "done"
+        return results
     except RunStopped:
+        ended = "stopped"
         raise
     except Exception as exc:
         if not isinstance(exc, ShoalError):
@@ -64,6 +71,7 @@ def run_in_process(
         write_report(paths.error_file(0), 0, -1, exc)
         raise
     finally:
+        status.finish(ended)
         torch.set_num_threads(threads_before)
         close_logger(log)
 

@@ -66,18 +66,14 @@ def plan_job(
         raise ConfigError(
             "--allow-changes: only with --resume (it allows a resume to change the run)"
         )
-    if resume is not None:
-        if source is not None:
-            raise ConfigError(
-                "pass either a config or --resume RUN_DIR: a resumed run uses its own config "
-                "(change it with --set)"
-            )
+    if resume is not None:  # the run's own config, or a new one given beside --resume
         target = Path(resume)
         if not target.exists():
             raise ShoalError(f"--resume {target}: no such run directory or checkpoint")
         checkpoint = find_checkpoint(target)
         run_root = checkpoint.parent.parent if (target / META_FILE).is_file() else target
-        source = RunPaths(run_root).config
+        if source is None:
+            source = RunPaths(run_root).config
     if source is None:
         raise ConfigError("no config given: shoal train CONFIG.toml (or --resume RUN_DIR)")
     config = load_config(source, overrides)  # validated once, every rule of the config's

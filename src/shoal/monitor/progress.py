@@ -63,13 +63,14 @@ class ProgressReporter:
                 "train", total=self.total_steps, completed=step, epoch="-", loss="-", speed="-"
             )
 
-    def _epoch_text(self, epoch: int) -> str:
+    def epoch_text(self, epoch: int) -> str:
+        """A 0-based epoch as the bar shows it: "2/8" (1-based, of the total)."""
         return f"{epoch + 1}/{self.total_epochs}" if self.total_epochs else f"{epoch + 1}"
 
     def update(self, step: int, epoch: int, metrics: dict[str, Any] | None = None) -> None:
         """Called every step (cheap) and with `metrics` at every logging interval."""
         if self.mode == "bar" and self._bar is not None:
-            fields: dict[str, Any] = {"epoch": self._epoch_text(epoch)}
+            fields: dict[str, Any] = {"epoch": self.epoch_text(epoch)}
             if metrics:
                 fields["loss"] = f"{metrics['loss']:.4f}"
                 fields["speed"] = f"{metrics['samples_per_s']:,.0f}"
@@ -84,7 +85,7 @@ class ProgressReporter:
                 if k.startswith("train_") and v is not None
             )
             print(
-                f"step {step}/{self.total_steps} epoch {self._epoch_text(epoch)} "
+                f"step {step}/{self.total_steps} epoch {self.epoch_text(epoch)} "
                 f"loss {metrics['loss']:.4f}{extra} {metrics['samples_per_s']:,.0f} samples/s "
                 f"lr {metrics['lr']:.3g} eta {_fmt_eta(eta)}",
                 flush=True,

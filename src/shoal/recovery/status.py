@@ -29,6 +29,7 @@ from shoal.checkpoint.atomic import atomic_write_json
 from shoal.errors import ShoalError
 from shoal.run import RunPaths
 from shoal.run.lock import alive_here
+from shoal.runtime.heartbeat import Beat, Beats
 
 STATUS_FILE = "status.json"
 #: what a terminal would act on instead of print: C0 and C1 controls (escape sequences
@@ -74,6 +75,29 @@ class StatusBoard:
             return  # a full disk must not end the job; the next write may succeed
 
 
+class InProcessStatus(Beats):
+    """status.json of a job trained inside the calling process (strategy `local`): no
+    launcher watches it, so its own heartbeat thread keeps the file, as a launcher would
+    (`finish` writes how it ended)."""
+
+    def __init__(self, paths: RunPaths, interval_s: float) -> None:
+        super().__init__(0, interval_s)
+        self.board = StatusBoard(paths, 0)
+        self._start()
+
+    def _send(self, beat: Beat) -> None:
+        self._write("running", beat.state, beat.step, beat.wall)
+
+    def _write(self, job: str, state: str, step: int, wall: float) -> None:
+        rank = RankStatus(0, self.role, state, step, wall, 0, 0, os.getpid())
+        self.board.write(job, 0, [rank])
+
+    def finish(self, job: str) -> None:
+        """The job ended (`done`, `failed`, `stopped`): the last word in status.json."""
+        self.close()
+        self._write(job, job, self.step, time.time())
+
+
 def read_status(paths: RunPaths) -> dict[str, Any]:
     """status.json of a run; ShoalError (one line) when there is none to read."""
     path = paths.root / STATUS_FILE
@@ -83,9 +107,8 @@ def read_status(paths: RunPaths) -> dict[str, Any]:
         data = json.loads(path.read_text())
     except FileNotFoundError:
         raise ShoalError(
-            f"{path}: missing; a job keeps one once its worker processes started (shoal's "
-            "own launcher, torchrun or Slurm), never one trained inside the calling process "
-            "(strategy local)"
+            f"{path}: missing; a job writes it as soon as it starts: this run has not started "
+            "yet, or its job was started by a shoal older than this one"
         ) from None
     except (OSError, ValueError) as exc:
         raise ShoalError(f"{path}: unreadable ({exc}); it is rewritten as the job runs") from None

@@ -95,11 +95,47 @@ def charts(*svgs: str, wide: bool = False) -> str:
 def config_panel(runs: list[RunData]) -> Panel:
     blocks = "".join(
         f"<details{' open' if len(runs) == 1 else ''}><summary>{html.escape(r.name)}: "
-        f"config.toml</summary><pre>{html.escape(r.config_text or '(no config.toml)')}</pre>"
-        "</details>"
+        f"config.toml</summary>{_optimizer_note(r)}"
+        f"<pre>{html.escape(r.config_text or '(no config.toml)')}</pre></details>"
         for r in runs
     )
     return Panel("config", "Resolved config", blocks, "the config each run ran with")
+
+
+def optimizer_in_use(run: RunData) -> tuple[str, dict[str, Any]] | None:
+    """(field, table) of the optimizer that trains the run: a strategy with an optimizer of
+    its own (a parameter server's, for the rows it serves) uses it instead of
+    `train.optimizer`, which the resolved config still lists with its defaults."""
+    strategy, train = run.config.get("strategy"), run.config.get("train")
+    if isinstance(strategy, dict) and isinstance(strategy.get("optimizer"), dict):
+        return "strategy.optimizer", strategy["optimizer"]
+    if isinstance(train, dict) and isinstance(train.get("optimizer"), dict):
+        return "train.optimizer", train["optimizer"]
+    return None
+
+
+def _optimizer_text(run: RunData) -> str | None:
+    found = optimizer_in_use(run)
+    if found is None:
+        return None
+    field, table = found
+    settings = ", ".join(f"{k} {v}" for k, v in table.items() if k != "kind" and _number(v))
+    return (
+        f"{table.get('kind', '?')} ({settings}; {field})"
+        if settings
+        else f"{table.get('kind', '?')} ({field})"
+    )
+
+
+def _optimizer_note(run: RunData) -> str:
+    found = optimizer_in_use(run)
+    if found is None or found[0] == "train.optimizer":
+        return ""
+    return (
+        f"<p>The optimizer this run trains with is {html.escape(str(_optimizer_text(run)))}: "
+        "its strategy's own. [train.optimizer] below is not used (the config lists every "
+        "section's defaults).</p>"
+    )
 
 
 def summary_panel(runs: list[RunData]) -> Panel:
@@ -150,6 +186,7 @@ SUMMARY: list[tuple[str, Callable[[RunData], Any]]] = [
     ("strategy", lambda r: (r.results or {}).get("strategy_detail") or r.strategy),
     ("task", lambda r: (r.results or {}).get("task") or r.config.get("task", {}).get("type")),
     ("world size", lambda r: (r.results or {}).get("world_size")),
+    ("optimizer", _optimizer_text),
     ("steps", lambda r: _final(r, "steps") or _final(r, "step")),
     ("wall time (s)", lambda r: (r.results or {}).get("wall_time_s")),
     ("train time (s)", lambda r: (r.results or {}).get("train_time_s")),

@@ -60,8 +60,9 @@ class RunLock:
                 if deadline is None and not alive_here(holder):
                     deadline = time.monotonic() + DEAD_HOLDER_WAIT_S
                 if deadline is None or time.monotonic() >= deadline:
+                    holders = [] if alive_here(holder) else processes_holding(fd)
                     os.close(fd)
-                    raise RunInUse(_in_use_message(self.path.parent, holder)) from None
+                    raise RunInUse(_in_use_message(self.path.parent, holder, holders)) from None
                 time.sleep(0.1)
         info = {
             "pid": os.getpid(),
@@ -133,17 +134,46 @@ def alive_here(holder: dict[str, object]) -> bool:
     return True
 
 
-def _in_use_message(root: Path, holder: dict[str, object]) -> str:
+def processes_holding(fd: int) -> list[int]:
+    """The live processes on this machine that hold the file open as `fd` is (read from
+    /proc; those of other users may not show): who keeps a lock whose writer has exited."""
+    try:
+        target = os.fstat(fd)
+    except OSError:
+        return []
+    mine = os.getpid()
+    found: set[int] = set()
+    for entry in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            pid = int(entry.parts[2])
+            if pid != mine and pid not in found:
+                seen = entry.stat()
+                if (seen.st_dev, seen.st_ino) == (target.st_dev, target.st_ino):
+                    found.add(pid)
+        except (OSError, ValueError):
+            continue
+    return sorted(found)
+
+
+def _in_use_message(root: Path, holder: dict[str, object], holders: list[int]) -> str:
+    fix = "wait for that job to end or stop it, then resume"
     if holder.get("pid") is None:
         who = "another shoal job (it has not written its name yet)"
+    elif not alive_here(holder):
+        # the process that wrote its name is gone: name those that hold the lock now
+        if not holders:
+            who = "processes of a shoal job whose launcher has exited (they are still stopping)"
+        else:
+            listed = ", ".join(map(str, holders))
+            who = (
+                f"process{'es' if len(holders) > 1 else ''} {listed} on {holder.get('host')}, "
+                "left from a shoal job whose launcher has exited"
+            )
+            pids = " ".join(map(str, holders))
+            fix = f"wait for them to end or stop them (kill {pids}), then resume"
     else:
         who = (
             f"another shoal job: pid {holder.get('pid')} on {holder.get('host')}, started "
             f"{holder.get('started')}"
         )
-        if not alive_here(holder):
-            who += " (that process has exited; its workers are still stopping)"
-    return (
-        f"{root}: in use by {who}; one run directory has one writer: wait for that job to end "
-        "or stop it, then resume"
-    )
+    return f"{root}: in use by {who}; one run directory has one writer: {fix}"

@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import json
 import os
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -75,8 +79,70 @@ class RunPaths:
         return self.logs / f"rank-{rank}.error.json"
 
 
+#: in a run directory whose job failed before it trained anything: the name may be reused
+UNTRAINED_MARK = ".failed-before-training"
+#: metrics.jsonl events that say a run trained (or evaluated) something worth keeping
+_TRAINED_EVENTS = ("train", "eval", "checkpoint", "round", "generation", "test")
+
+
+def mark_if_untrained(paths: RunPaths) -> None:
+    """After a new run's job failed: mark its folder reusable when it holds nothing to keep
+    (no checkpoint, no results, no training or evaluation line), so that the next run of
+    the same config takes `<name>` again instead of `<name>-2`. The folder stays until
+    then: the failure message names its logs."""
+    with contextlib.suppress(OSError):
+        for folder in (paths.checkpoints, paths.best):
+            if folder.is_dir() and any(folder.iterdir()):
+                return
+        if paths.results.exists() or _trained(paths.metrics):
+            return
+        (paths.root / UNTRAINED_MARK).write_text("this run failed before training\n")
+
+
+def _trained(metrics: Path) -> bool:
+    if not metrics.exists():
+        return False
+    for line in metrics.read_text(encoding="utf-8", errors="replace").splitlines():
+        with contextlib.suppress(ValueError):
+            record = json.loads(line)
+            if isinstance(record, dict) and record.get("event") in _TRAINED_EVENTS:
+                return True
+    return False
+
+
+def _reclaim(candidate: Path) -> bool:
+    """Empty `candidate` if it is a run that failed before training (marked so) and no job
+    holds it; True when it was moved away (the caller then creates it afresh). The folder
+    is renamed first, atomically: of two jobs reclaiming it, one wins."""
+    if not (candidate / UNTRAINED_MARK).is_file():
+        return False
+    try:
+        fd = os.open(candidate / "run.lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False  # a job holds it (a resume of it)
+    trash = candidate.with_name(f".{candidate.name}.reclaimed-{os.getpid()}")
+    try:
+        os.rename(candidate, trash)
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    if not (trash / UNTRAINED_MARK).is_file():  # another job's new folder: give it back
+        with contextlib.suppress(OSError):
+            os.rename(trash, candidate)
+        return False
+    shutil.rmtree(trash, ignore_errors=True)
+    return True
+
+
 def create_run_dir(parent: Path, name: str) -> RunPaths:
-    """Create `parent/name`, or `name-2`, `name-3`, ... if taken: a run never lands in another's.
+    """Create `parent/name`, or `name-2`, `name-3`, ... if taken: a run never lands in another's
+    (a run that failed before training, `mark_if_untrained`, gives its name back).
 
     `os.mkdir` is atomic, so two jobs started at the same moment cannot both claim a name.
     """
@@ -97,7 +163,12 @@ def create_run_dir(parent: Path, name: str) -> RunPaths:
         try:
             os.mkdir(candidate)
         except FileExistsError:
-            continue
+            if not _reclaim(candidate):
+                continue
+            try:
+                os.mkdir(candidate)
+            except FileExistsError:
+                continue
         except OSError as exc:
             raise ShoalError(
                 f"run.dir: cannot create {candidate}: {exc.strerror}; set run.dir to a folder "

@@ -14,7 +14,7 @@ from shoal.shape.hosts import Hosts
 from shoal.shape.job import JobShape
 
 if TYPE_CHECKING:
-    from shoal.runtime.heartbeat import Heartbeat
+    from shoal.runtime.heartbeat import Beats
 
 LaunchMode = Literal["inprocess", "shoal", "torchrun", "slurm"]
 
@@ -43,7 +43,7 @@ class WorkerContext:
     resume_from: str | None = None
     #: `--allow-changes`: a resume may change what the run trains (checkpoint/changes.py)
     allow_changes: bool = False
-    heartbeat: Heartbeat | None = None
+    heartbeat: Beats | None = None
     #: how many times the launcher restarted the job before this attempt (recovery/)
     restart: int = 0
     #: the process group of this context's collectives (None: the whole world). A strategy

@@ -70,36 +70,31 @@ class Beat(NamedTuple):
     role: str = "worker"
 
 
-class Heartbeat:
-    def __init__(
-        self,
-        host: str,
-        port: int,
-        rank: int,
-        interval_s: float,
-        timeout_s: float,
-        signer: Signer,
-    ) -> None:
+class Beats:
+    """A rank's progress, reported by a background thread every interval: the step it
+    reached and what it is doing. Where the beats go is the subclass's (`_send`): the
+    launcher's store (`Heartbeat`), or status.json for a job inside the calling process
+    (recovery/status.py)."""
+
+    def __init__(self, rank: int, interval_s: float) -> None:
         self.rank = rank
         self.step = -1
         self.state = "starting"
         self.role = "worker"  # set once the strategy's roles are known (launch/job.py)
         self._interval = interval_s
-        self._signer = signer
-        self._store = dist.TCPStore(
-            host,
-            port,
-            is_master=False,
-            timeout=datetime.timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
-        self._lock = threading.Lock()  # one store call at a time: the thread and report()
+        self._lock = threading.Lock()  # one send at a time: the thread and the caller
         self._stop = threading.Event()
-        self._beat()
         self._thread = threading.Thread(
             target=self._run, name=f"shoal-heartbeat-{rank}", daemon=True
         )
+
+    def _start(self) -> None:
+        self._beat()
         self._thread.start()
+
+    def _send(self, beat: Beat) -> None:
+        """Deliver one beat."""
+        raise NotImplementedError
 
     def beat(self, step: int, now: bool = False) -> None:
         """Record progress; the thread reports it at its next tick (`now`: at once, e.g. the
@@ -121,11 +116,9 @@ class Heartbeat:
             self.state = before
 
     def _beat(self) -> None:
-        key = heartbeat_key(self._signer, self.rank)
-        text = f"{time.time():.3f} {self.step} {self.state} {self.role}"
-        value = self._signer.seal(key, text.encode())
+        beat = Beat(time.time(), self.step, self.state, self.role)
         with self._lock:
-            self._store.set(key, value.decode())  # ASCII: the stub takes str
+            self._send(beat)
 
     def _run(self) -> None:
         while not self._stop.wait(self._interval):
@@ -133,6 +126,56 @@ class Heartbeat:
                 self._beat()
             except Exception:  # the launcher is gone; its death signal ends this process
                 return
+
+    def stop(self) -> None:
+        """Stop reporting (also how an injected 'hang' fault makes a worker look frozen)."""
+        self._stop.set()
+
+    def close(self) -> None:
+        """Stop, wait for the thread, then release what the beats went through.
+
+        A last beat first (unless the beats were stopped on purpose) leaves the final step
+        for `shoal status`."""
+        if not self._stop.is_set():
+            with contextlib.suppress(Exception):
+                self._beat()
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(timeout=self._interval + 5.0)
+        self._release()
+
+    def _release(self) -> None:
+        """Free what `_send` wrote through (after the thread has ended)."""
+
+
+class Heartbeat(Beats):
+    """Beats sealed into the launcher's store, where the launcher reads them."""
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        rank: int,
+        interval_s: float,
+        timeout_s: float,
+        signer: Signer,
+    ) -> None:
+        super().__init__(rank, interval_s)
+        self._signer = signer
+        self._store = dist.TCPStore(
+            host,
+            port,
+            is_master=False,
+            timeout=datetime.timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
+        self._start()
+
+    def _send(self, beat: Beat) -> None:
+        key = heartbeat_key(self._signer, self.rank)
+        text = f"{beat.wall:.3f} {beat.step} {beat.state} {beat.role}"
+        value = self._signer.seal(key, text.encode())
+        self._store.set(key, value.decode())  # ASCII: the stub takes str
 
     def report(self, report: dict[str, Any]) -> None:
         """Leave this rank's error report (the fields of REPORT_FIELDS) in the store."""
@@ -147,24 +190,9 @@ class Heartbeat:
         except Exception:  # the launcher is gone: nobody is left to read it
             return
 
-    def stop(self) -> None:
-        """Stop reporting (also how an injected 'hang' fault makes a worker look frozen)."""
-        self._stop.set()
-
-    def close(self) -> None:
-        """Stop, wait for the thread, and release the store connection before the process exits.
-
-        The store client is a C++ object: freeing it from interpreter finalization,
-        while the thread may still be inside a call, can abort the process. A last beat
-        first (unless the beats were stopped on purpose) leaves the final step for
-        `shoal status`.
-        """
-        if not self._stop.is_set():
-            with contextlib.suppress(Exception):
-                self._beat()
-        self._stop.set()
-        if self._thread.is_alive():
-            self._thread.join(timeout=self._interval + 5.0)
+    def _release(self) -> None:
+        """The store client is a C++ object: freeing it from interpreter finalization, while
+        the thread may still be inside a call, can abort the process."""
         self._store = None  # type: ignore[assignment]
 
 

@@ -111,6 +111,9 @@ class Driver:
             every_units = ctx.config.checkpoint.every_steps
         every_epochs = ctx.config.checkpoint.every_epochs
         eval_epochs = ctx.config.train.eval_every_epochs
+        eval_units = plan.eval_every
+        if eval_units is None and plan.unit == "step":  # rounds and generations set their own
+            eval_units = ctx.config.train.eval_every_steps or None
         per_unit = plan.steps_per_unit
         first = True  # the first unit is reported at once (a restart's recovery ends there)
         while not (p.stopped_early or self.loop.done()):
@@ -124,7 +127,7 @@ class Driver:
                 self._stop(signum)
                 return
             units = p.global_step if per_unit == 1 else -(-p.global_step // per_unit)
-            if plan.eval_every and units % plan.eval_every == 0:
+            if eval_units and units % eval_units == 0:
                 self._evaluate()
             if every_units and units % every_units == 0:
                 self._boundary()
@@ -186,7 +189,9 @@ class Driver:
                 self.selection.record.model,
                 self.task.eval_splits(),
                 event={"event": "eval", "step": p.global_step, "epoch": p.epoch},
-                label=f"{self.plan.unit} {p.global_step} epoch {p.epoch}",
+                # the epoch as the progress bar counts it: 1-based, the latest step's
+                label=f"{self.plan.unit} {p.global_step} epoch "
+                f"{self.reporter.epoch_text(p.last_step_epoch)}",
                 metrics=self.metrics,
                 reporter=self.reporter,
                 log=self.ctx.log,

@@ -28,6 +28,7 @@ from torch import nn
 from shoal.checkpoint.integrity import load_checkpoint
 from shoal.checkpoint.parts import Custom, FilePart, StatePart
 from shoal.checkpoint.sharded import load_model
+from shoal.config.custom import own_config
 from shoal.errors import ShoalError
 from shoal.protocols.capabilities import SHARD_UNITS
 from shoal.runtime.context import WorkerContext
@@ -91,6 +92,35 @@ class LocalModel:
         return True
 
 
+def drops_last_batch(ctx: WorkerContext, train_size: int) -> bool:
+    """Whether each epoch's last, shorter batch is dropped: asked (`train.drop_last`), or
+    too small for the strategy to train (a pipeline's fixed micro-batch shapes, FSDP ranks
+    that each need a sample), said once on the terminal. A batch larger than the whole
+    data is refused: every step would train on fewer samples than it says."""
+    train = ctx.config.train
+    if train.batch_size > train_size:
+        raise ShoalError(
+            f"train.batch_size ({train.batch_size}) exceeds the {train_size} training samples: "
+            f"no step could train on a whole batch; set it to at most {train_size}"
+        )
+    short = train_size % train.batch_size
+    if train.drop_last or not short:
+        return train.drop_last
+    section = own_config(ctx.config.strategy)
+    smallest = getattr(section, "smallest_step_batch", None)
+    need, why = smallest(train) if smallest is not None else (1, "")
+    if short >= need:
+        return False
+    if ctx.is_main:
+        ctx.log.warning(
+            "the last batch of each epoch (%d of the %d samples) is dropped: %s needs at least "
+            "%d samples a step (%s); set train.drop_last = true to say so, or choose a "
+            "batch_size that divides %d",
+            short, train_size, ctx.config.strategy.type, need, why, train_size,
+        )  # fmt: skip
+    return True
+
+
 class StepLoop(UnitLoop):
     """Steps over epochs of the training data, one global batch per unit.
 
@@ -115,12 +145,8 @@ class StepLoop(UnitLoop):
             sum(_local_bytes(p) for p in model.parameters()) / 2**20,
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         )
-        self.steps_per_epoch = steps_per_epoch(task.train_size, train.batch_size, train.drop_last)
-        if self.steps_per_epoch == 0:
-            raise ShoalError(
-                f"train.batch_size ({train.batch_size}) exceeds the {task.train_size} "
-                "training samples and drop_last = true: no step would run"
-            )
+        self.drop_last = drops_last_batch(ctx, task.train_size)
+        self.steps_per_epoch = steps_per_epoch(task.train_size, train.batch_size, self.drop_last)
         limits = []
         if train.epochs is not None:
             limits.append(train.epochs * self.steps_per_epoch)
@@ -209,7 +235,7 @@ class StepLoop(UnitLoop):
                 p.epoch,
                 train.seed,
                 train.shuffle,
-                train.drop_last,
+                self.drop_last,
             )
         if p.step_in_epoch < plan.num_steps:
             self._step(plan)

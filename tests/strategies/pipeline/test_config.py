@@ -6,10 +6,8 @@ from pathlib import Path
 
 import pytest
 
-import shoal
 from shoal.cli.main import main
-from shoal.errors import ShoalError
-from tests.tasks.lm.helpers import lm_job, write_text
+from tests.tasks.lm.helpers import write_text
 
 GOOD = (
     '[task]\ntype = "lm"\ndata = { train = "text.txt" }\n'
@@ -126,15 +124,3 @@ def test_a_good_pipeline_config_validates(
     assert capsys.readouterr().out.strip() == (
         "good.toml: valid (task lm, strategy pipeline, 2 workers)"
     )
-
-
-def test_a_short_last_batch_is_refused_before_training(runs: Path, tmp_path: Path) -> None:
-    """The stages' message shapes are fixed at the first step: every batch must be whole."""
-    job = lm_job(
-        runs,
-        write_text(tmp_path),
-        strategy={"type": "pipeline", "stages": 2, "microbatches": 2},
-        train={"batch_size": 10, "drop_last": False},
-    )
-    with pytest.raises(ShoalError, match=r"train\.drop_last: the last batch of each epoch has"):
-        shoal.train(job)

@@ -37,7 +37,6 @@ def module_job(
             "batch_size": 8,
             "seed": 3,
             "shuffle": True,
-            "drop_last": True,  # a pipeline's micro-batches keep one shape
             "optimizer": {"kind": "adamw", "lr": 3e-3},
         },
         "checkpoint": {"every_epochs": 0},

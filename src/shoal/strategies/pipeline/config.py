@@ -233,6 +233,9 @@ class PipelineStrategyConfig(PipelineFields):
     def pipeline_ranks(self) -> int:
         return self.stages
 
+    def smallest_step_batch(self, train: Any) -> tuple[int, str]:
+        return train.batch_size, "a pipeline's micro-batches keep one shape"
+
     @property
     def stages_field(self) -> tuple[str, ...]:
         return ("strategy", "stages")

@@ -140,15 +140,9 @@ class PipelineStrategy(Strategy[PipelineFields]):
 
     def _check_batches(self) -> None:
         """Every step's batch must cut into equal micro-batches (the stages' message shapes
-        are fixed at the first step)."""
+        are fixed at the first step): a short last batch is dropped (the step loop, through
+        the section's `smallest_step_batch`), a batch larger than the data refused."""
         train, size = self.ctx.config.train, self.task.train_size
-        short = size % train.batch_size
-        if short and not train.drop_last and size > train.batch_size:
-            raise ShoalError(
-                f"train.drop_last: the last batch of each epoch has {short} of the "
-                f"{size} samples, not train.batch_size ({train.batch_size}), and a pipeline's "
-                "micro-batches keep one shape; set train.drop_last = true"
-            )
         if size < train.batch_size:
             raise ShoalError(
                 f"train.batch_size ({train.batch_size}) exceeds the {size} training samples; "
@@ -315,9 +309,7 @@ class PipelineStrategy(Strategy[PipelineFields]):
     def _measure(self, model: nn.Module, blocks: int) -> BlockCosts:
         """Every rank times the blocks; the mean over ranks is what every rank uses."""
         ctx, task, train = self.ctx, self.task, self.ctx.config.train
-        plan = EpochPlan(
-            task.train_size, train.batch_size, 0, train.seed, train.shuffle, train.drop_last
-        )
+        plan = EpochPlan(task.train_size, train.batch_size, 0, train.seed, train.shuffle, True)
         task.set_epoch(0)
         count = min(self.config.balance_batches, plan.num_steps)
         stages = self.stages

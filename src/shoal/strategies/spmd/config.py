@@ -72,6 +72,18 @@ class SpmdSection(StrategySection):
     def data_mode(self) -> str:
         return "sharded"
 
+    def smallest_step_batch(self, train: Any) -> tuple[int, str]:
+        """A pipeline dimension needs whole batches; a sharded data dimension one sample in
+        each rank's every micro-batch (FSDP's gathers are collective)."""
+        dims = self.dims()
+        if "pipeline" in dims:
+            return train.batch_size, "a pipeline's micro-batches keep one shape"
+        data = dims.get("data", 1)
+        if self.data_mode() == "sharded" and data > 1:
+            need = data * train.micro_batches
+            return need, f"each of its {data} data ranks runs every micro-batch on a sample"
+        return 1, ""
+
     def worker_count(self) -> int:
         return math.prod(self.dims().values())
 

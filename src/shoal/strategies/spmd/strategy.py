@@ -127,19 +127,15 @@ class SpmdStrategy(Strategy[SpmdSection]):
 
     def _task_size_check(self, count: int) -> None:
         """Every rank of a sharded data dimension must run a forward pass in each
-        micro-batch (FSDP's gathers are collective): no share may be empty."""
+        micro-batch (FSDP's gathers are collective): no share may be empty (a shorter last
+        batch is dropped by the step loop, see `smallest_step_batch`)."""
         train = self.ctx.config.train
-        smallest = train.batch_size
-        size = self._task.train_size
-        if not train.drop_last and size % train.batch_size:
-            smallest = size % train.batch_size
         need = count * train.micro_batches
-        if self.config.data_mode() == "sharded" and count > 1 and smallest < need:
+        if self.config.data_mode() == "sharded" and count > 1 and train.batch_size < need:
             raise ShoalError(
-                f"train.batch_size: a step of {smallest} samples leaves some of the {count} data "
-                f"ranks x {train.micro_batches} micro-batches without samples; use batch sizes "
-                f"of at least {need} (and train.drop_last = true if the epoch's last batch is "
-                "smaller)"
+                f"train.batch_size: a step of {train.batch_size} samples leaves some of the "
+                f"{count} data ranks x {train.micro_batches} micro-batches without samples; use "
+                f"a batch size of at least {need}"
             )
 
     def memory(self) -> dict[str, Any]:

@@ -2,13 +2,22 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import RESUME_FIXED, ConfigModel, ExistingFile, TaskSection, fill_default_tag
+from shoal.config.base import (
+    RESUME_FIXED,
+    ConfigModel,
+    ExistingFile,
+    FieldError,
+    TaskSection,
+    fill_default_tag,
+)
+from shoal.errors import ShoalError
 from shoal.protocols.capabilities import CLASS_LABELS, CLIENT_FILES, Capability
-from shoal.tasks.user_code import FACTORY_PATTERN, FactoryOptions
+from shoal.tasks.user_code import FACTORY_PATTERN, FactoryOptions, import_factory
 
 
 class SyntheticDataConfig(ConfigModel):
@@ -130,3 +139,25 @@ class ClassificationTaskConfig(TaskSection):
     @classmethod
     def _default_source(cls, data: Any) -> Any:
         return fill_default_tag(data, "data", "source", "synthetic")
+
+    def memory_needs(self) -> list[tuple[str, int, int]]:
+        """Synthetic data is generated in float64 with a few copies at once (mixing,
+        permuting, standardizing: some 24 bytes a value at the peak); the MLP's parameters
+        are known from the features, the hidden widths and the classes."""
+        data = self.data
+        if not isinstance(data, SyntheticDataConfig):
+            return []
+        widths = [data.features, *self.model.hidden, data.classes]
+        parameters = sum((a + 1) * b for a, b in itertools.pairwise(widths))
+        what = f"task.data: {data.samples:,} samples x {data.features} features"
+        return [(what, 24 * data.samples * data.features + 16 * data.samples, parameters)]
+
+    def check(self, config: Any) -> None:
+        """A `source = "python"` factory imports and is a function (`shoal config validate`
+        says so, not the first worker); it is called, with its options, only by the job."""
+        super().check(config)
+        if isinstance(self.data, PythonDataConfig):
+            try:
+                import_factory(self.data.factory, self.data.import_dir)
+            except ShoalError as exc:
+                raise FieldError(("task", "data", "factory"), str(exc)) from None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
@@ -163,6 +164,21 @@ class LMTaskConfig(TaskSection):
     def pipeline_block_names(self) -> list[str]:
         return [f"blocks.{index}" for index in range(self.model.layers)]
 
+    def memory_needs(self) -> list[tuple[str, int, int]]:
+        """The text read whole: its bytes, the decoded string (1 to 4 bytes a character)
+        and the token ids (4 bytes each), about 7 bytes a byte of text for mostly-ASCII text
+        (a gzip file's size is its trailer's); the transformer's parameters from its sizes
+        and a vocabulary of at most 256 for bytes (char vocabularies are rarely larger)."""
+        text = sum(_text_bytes(Path(f)) for f in (self.data.train, self.data.valid) if f)
+        m = self.model
+        vocab = 256
+        per_block = 4 * m.dim * m.dim + 2 * m.dim * m.hidden + 9 * m.dim + m.hidden
+        tables = vocab * m.dim * (1 if m.tie_embeddings else 2)
+        positions = m.context * m.dim if m.position == "learned" else 0
+        parameters = m.layers * per_block + tables + positions
+        what = f"task.data: {text:,} bytes of text"
+        return [(what, 7 * text + (32 << 20), parameters)]
+
     def check_layout(self, dims: dict[str, int], fields: dict[str, tuple[str, ...]]) -> None:
         """Whole heads on each tensor rank; no weight shared by the embedding and the head
         when a tensor dimension splits them differently or a pipeline puts them apart."""
@@ -188,3 +204,17 @@ class LMTaskConfig(TaskSection):
                 "strategy pipeline puts the embedding on the first stage and the head on the "
                 "last, which tying would share; set tie_embeddings = false",
             )
+
+
+def _text_bytes(path: Path) -> int:
+    """The size of a text file, uncompressed: a gzip file's last 4 bytes hold it (modulo
+    4 GiB; the compressed size times 4 if that reads smaller)."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as file:
+            if file.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            file.seek(-4, 2)
+            return max(int.from_bytes(file.read(4), "little"), 4 * size)
+    except OSError:
+        return 0
