@@ -64,7 +64,11 @@ def _free_port() -> int:
 
 
 def run_ranks(
-    job: Path, ranks: int, groups: list[Path] | None = None, timeout: float = 600
+    job: Path,
+    ranks: int,
+    groups: list[Path] | None = None,
+    timeout: float = 600,
+    extra_env: dict[str, str] | None = None,
 ) -> list[RankExit]:
     """`shoal train JOB` as `ranks` processes of one job (torchrun's variables, rank 0
     hosting the store), rank r in `groups[r]` when given; logs in JOB.rankR.log."""
@@ -83,6 +87,7 @@ def run_ranks(
             OMP_NUM_THREADS="1",
             PYTHONUNBUFFERED="1",
         )
+        env.update(extra_env or {})
         group = groups[rank] if groups is not None else None
         with open(job.with_suffix(f".rank{rank}.log"), "wb") as log:
             procs.append(
