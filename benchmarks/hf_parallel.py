@@ -24,7 +24,8 @@ over their step time (the first --warmup steps are not timed; the plain script's
 rank), the batch's fetch inside the step on both sides. Each row runs --rounds times,
 shoal and the plain script alternately (the one that goes first swaps every round); the
 ratio shoal / plain is taken per round and summarised by its geometric mean, the
-standard error of the mean log ratio (as a factor) and the rounds shoal lost. --phases
+standard error of the mean log ratio (as a factor), its median (a round another process
+disturbed moves it least) and the rounds shoal lost. --phases
 prints each rank's time per step phase, shoal's from its records beside the plain
 script's.
 
@@ -369,15 +370,16 @@ def main() -> None:
     name = {"pipeline": f"pipeline 2 ({args.schedule}, {args.microbatches} micro-batches)"}
     print(
         "\n| strategy | shoal tokens/s (median) | plain tokens/s (median) | shoal / plain per "
-        "round: geometric mean | standard error | rounds lost |"
+        "round: geometric mean | standard error | median | rounds lost |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for row, pairs in table:
-        mean, error, lost = per_round([a / b for a, b in pairs])
+        ratios = [a / b for a, b in pairs]
+        mean, error, lost = per_round(ratios)
         print(
             f"| {name.get(row, row + ' 2')} | {statistics.median(a for a, _ in pairs):.0f} | "
             f"{statistics.median(b for _, b in pairs):.0f} | {mean:.3f} | x{error:.3f} | "
-            f"{lost} of {len(pairs)} |"
+            f"{statistics.median(ratios):.3f} | {lost} of {len(pairs)} |"
         )
         each = ", ".join(f"{a:.0f} / {b:.0f}" for a, b in pairs)
         print(f"  {row} by round, shoal / plain tokens/s: {each}")
