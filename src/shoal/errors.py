@@ -7,6 +7,8 @@ that escapes is a bug in shoal or in user code and keeps its traceback.
 
 from __future__ import annotations
 
+import re
+
 EXIT_OK = 0
 EXIT_FAILURE = 1
 EXIT_USER_ERROR = 2
@@ -65,3 +67,17 @@ class RunStopped(ShoalError):
         super().__init__(*lines)
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+#: a C++ source location at the start of a backend's message (`[.../pair.cc:534] `)
+_SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
+#: what torch's gloo wrapper appends to a transport error ("This is typically caused by a
+#: remote worker crashing. Check the logs ... GLHF! ..."): advice for its own developers,
+#: not a cause (shoal names the peer itself)
+_TORCH_ADVICE = re.compile(r"\s*This is typically caused by .*", re.S)
+
+
+def plain_error(text: str) -> str:
+    """`text`'s first line as a user reads it: no C++ source location, no torch advice."""
+    lines = _TORCH_ADVICE.sub("", _SOURCE_LOCATION.sub("", text)).strip().splitlines()
+    return lines[0].strip() if lines else ""

@@ -215,3 +215,33 @@ def run_shoal_train_local(tmp_path: Path) -> subprocess.CompletedProcess[str]:
         tomli_w.dumps(small_job(tmp_path / "runs", run={"name": "job"}))
     )
     return run_shoal("train", "job.toml", cwd=tmp_path, timeout=120)
+
+
+def test_a_new_step_is_sent_within_a_fraction_of_the_interval() -> None:
+    """A rank's heartbeat carries the step it reached within FRESH_S, not at the next tick
+    (1 s by default): a rank killed between ticks is named at its step, not an older one."""
+    from shoal.runtime.heartbeat import FRESH_S, Beat, Beats
+
+    class Recorded(Beats):
+        def __init__(self) -> None:
+            super().__init__(0, interval_s=30.0)
+            self.sent: list[int] = []
+            self._start()
+
+        def _send(self, beat: Beat) -> None:
+            self.sent.append(beat.step)
+
+    beats = Recorded()
+    try:
+        time.sleep(FRESH_S)
+        beats.beat(7)
+        deadline = time.monotonic() + 2.0
+        while 7 not in beats.sent and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert beats.sent[-1] == 7, beats.sent
+        beats.beat(8)  # right after a send: left for the thread's next wake
+        time.sleep(0.05)
+        assert 8 not in beats.sent
+    finally:
+        beats.close()
+    assert beats.sent[-1] == 8  # the last beat, on close

@@ -45,7 +45,6 @@ among the survivors (who may be busy, or waiting on each other).
 from __future__ import annotations
 
 import datetime
-import re
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -54,10 +53,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from shoal.errors import PeerFailed
+from shoal.errors import PeerFailed, plain_error
 from shoal.shape.hosts import Hosts
-
-_SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
 
 #: the tag of a private group's traffic (see the module docstring)
 TAG = 0
@@ -71,9 +68,9 @@ Audit = Callable[[str, str, torch.Tensor], None]
 
 
 def describe_failure(exc: BaseException) -> str:
-    """The first line of a transport error, without the backend's source location."""
-    cause = _SOURCE_LOCATION.sub("", str(exc)).strip().splitlines()
-    return cause[0] if cause else type(exc).__name__
+    """The first line of a transport error, without the backend's source location and
+    without the advice torch appends to gloo's errors."""
+    return plain_error(str(exc)) or type(exc).__name__
 
 
 class PeerTimeout(PeerFailed):

@@ -10,7 +10,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import json
-import re
 import shutil
 import traceback
 from pathlib import Path
@@ -18,7 +17,7 @@ from typing import Any
 
 from shoal.checkpoint.atomic import atomic_write_json
 from shoal.checkpoint.space import DiskFull
-from shoal.errors import EXIT_FAILURE, PeerFailed, ShoalError
+from shoal.errors import EXIT_FAILURE, PeerFailed, ShoalError, plain_error
 
 #: less free space than this on the run's disk: a failed write is blamed on a full disk
 FULL_BYTES = 1 << 20
@@ -54,10 +53,9 @@ def _is_communication_error(exc: BaseException) -> bool:
 
 
 def _first_line(exc: BaseException) -> str:
-    """The message's first line, without a C++ source location such as `[.../pair.cc:534] `."""
-    text = str(exc).strip()
-    line = text.splitlines()[0] if text else ""
-    return re.sub(r"^\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*", "", line)
+    """The message's first line, without a C++ source location such as `[.../pair.cc:534] `
+    and without the advice torch appends to gloo's errors ("... GLHF!")."""
+    return plain_error(str(exc))
 
 
 def disk_note(folder: Path) -> str:

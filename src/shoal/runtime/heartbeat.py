@@ -56,6 +56,9 @@ REPORT_FIELDS: dict[str, type | tuple[type, ...]] = {
 }
 _MAX_TEXT = 2000
 
+#: a step newer than the last beat is sent within this many seconds (not at the next tick)
+FRESH_S = 0.2
+
 #: what a worker can say it is doing (the launcher adds failed, restarting, done, stopped)
 WORKER_STATES = ("starting", "training", "evaluating", "checkpointing")
 _ROLE = re.compile(r"[a-z][a-z+]{0,31}")
@@ -84,6 +87,8 @@ class Beats:
         self._interval = interval_s
         self._lock = threading.Lock()  # one send at a time: the thread and the caller
         self._stop = threading.Event()
+        self._wake = threading.Event()  # a new step to send before the interval is up
+        self._sent = 0.0  # monotonic time of the newest send
         self._thread = threading.Thread(
             target=self._run, name=f"shoal-heartbeat-{rank}", daemon=True
         )
@@ -97,9 +102,12 @@ class Beats:
         raise NotImplementedError
 
     def beat(self, step: int, now: bool = False) -> None:
-        """Record progress; the thread reports it at its next tick (`now`: at once, e.g. the
-        step a run resumed at, so that no failure message names an older one)."""
+        """Record progress; the thread reports it at its next tick, or within FRESH_S when
+        the step moved (so a failure message names the step a rank reached, not one a second
+        older); `now`: at once, from this thread (e.g. the step a run resumed at)."""
         self.step = step
+        if not now and time.monotonic() - self._sent >= FRESH_S:
+            self._wake.set()  # the thread sends it: this one never waits on the store
         if now:
             try:
                 self._beat()
@@ -118,10 +126,15 @@ class Beats:
     def _beat(self) -> None:
         beat = Beat(time.time(), self.step, self.state, self.role)
         with self._lock:
+            self._sent = time.monotonic()
             self._send(beat)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval):
+        while True:
+            self._wake.wait(self._interval)
+            self._wake.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._beat()
             except Exception:  # the launcher is gone; its death signal ends this process
@@ -130,6 +143,7 @@ class Beats:
     def stop(self) -> None:
         """Stop reporting (also how an injected 'hang' fault makes a worker look frozen)."""
         self._stop.set()
+        self._wake.set()
 
     def close(self) -> None:
         """Stop, wait for the thread, then release what the beats went through.
@@ -140,6 +154,7 @@ class Beats:
             with contextlib.suppress(Exception):
                 self._beat()
         self._stop.set()
+        self._wake.set()
         if self._thread.is_alive():
             self._thread.join(timeout=self._interval + 5.0)
         self._release()

@@ -76,7 +76,7 @@ def test_a_crashed_sync_run_resumes_bit_identical(
     runs: Path, graph: dict[str, str], uninterrupted: dict[str, Any]
 ) -> None:
     """Worker 2 dies at step 10; the run resumes from its checkpoint of step 8."""
-    with pytest.raises(JobFailed, match="rank 2 exited with code 17"):
+    with pytest.raises(JobFailed, match=r"rank 2 \(worker 2[^)]*\) exited with code 17"):
         shoal.train(
             sync_job(
                 runs,

@@ -36,3 +36,19 @@ def test_colocated_servers_are_dealt_over_the_hosts() -> None:
 def test_dedicated_servers_follow_the_workers() -> None:
     config = _config(num_servers=2, placement="dedicated")
     assert server_ranks(config, Hosts.consecutive(6, 3)) == [4, 5]
+
+
+def test_failure_messages_name_each_ranks_role() -> None:
+    """A worker's death is read as the worker's, not its server's: every rank's label says
+    what it runs."""
+    dedicated = _config(num_servers=2, placement="dedicated").rank_labels(
+        _config(num_servers=2, placement="dedicated").roles(Hosts.single(6))
+    )
+    assert dedicated == (
+        "rank 0 (worker 0)", "rank 1 (worker 1)", "rank 2 (worker 2)", "rank 3 (worker 3)",
+        "rank 4 (server 0)", "rank 5 (server 1)",
+    )  # fmt: skip
+    colocated = _config(num_servers=2, placement="colocated")
+    assert colocated.rank_labels(colocated.roles(Hosts.single(4)))[:3] == (
+        "rank 0 (worker 0, server 0)", "rank 1 (worker 1, server 1)", "rank 2 (worker 2)",
+    )  # fmt: skip

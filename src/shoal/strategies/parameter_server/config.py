@@ -267,7 +267,19 @@ class ParameterServerStrategyConfig(StrategySection):
             elastic=self.elastic,
             alone=frozenset(alone),
             alone_notes=notes,
+            labels=self.rank_labels(roles),
         )
+
+    def rank_labels(self, roles: RankRoles) -> tuple[str, ...]:
+        """'rank 3 (server 1)', 'rank 0 (worker 0, server 0)': a failure names what the rank
+        did, so a worker's death is not read as its server's."""
+        labels = []
+        for rank in range(roles.world_size):
+            parts = [f"worker {roles.workers.index(rank)}"] if rank in roles.workers else []
+            server = roles.server_of(rank)
+            parts += [f"server {server}"] if server is not None else []
+            labels.append(f"rank {rank} ({', '.join(parts)})")
+        return tuple(labels)
 
     def without_rank(self, config: ShoalConfig, rank: int) -> Shrink | None:
         """Elastic membership, two floors. A worker given up: one worker fewer, down to

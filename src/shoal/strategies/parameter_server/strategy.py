@@ -198,9 +198,9 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
             applied = s.applied()
             clock = int(applied) if applied != float("inf") else last[0]
             if clock != last[0]:
-                last[0] = clock
-                if ctx.heartbeat is not None and channel is None:
-                    ctx.heartbeat.beat(clock)
+                first, last[0] = last[0] == -1, clock
+                if ctx.heartbeat is not None and channel is None:  # the first at once
+                    ctx.heartbeat.beat(clock, now=first)
                 maybe_inject_fault(ctx, clock)
 
         return ServerEndpoint(

@@ -32,7 +32,7 @@ class SpmdSection(StrategySection):
 
     workers_field: ClassVar[str | None] = "degree"
     # the mesh may change on resume: the checkpoint's pieces reshard by name (DCP)
-    resumes_from: ClassVar[tuple[str, ...]] = LEARNERS
+    resumes_from: ClassVar[tuple[str, ...]] = (*LEARNERS, "pipeline")
 
     sequence_parallel: bool = Field(
         False,
