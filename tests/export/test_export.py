@@ -307,3 +307,30 @@ def test_a_full_disk_is_one_line_and_leaves_nothing(
         err[0],
     ), err
     assert sorted(p.name for p in small_disk.iterdir()) == ["filler"]
+
+
+LAYOUTS = [
+    {"type": "fully_sharded", "degree": 2},
+    {"type": "pipeline", "stages": 2, "schedule": "gpipe", "microbatches": 2},
+    {"type": "hybrid", "mesh": {"data": 2, "tensor": 2}},
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", LAYOUTS, ids=[s["type"] for s in LAYOUTS])
+def test_every_model_parallel_layout_exports_a_model_from_pretrained_loads(
+    runs: Path, capsys: pytest.CaptureFixture[str], strategy: dict[str, Any]
+) -> None:
+    """A Llama trained under FSDP, a pipeline of stages, and a data x tensor mesh: each
+    export loads with `from_pretrained` and gives the logits shoal loads from the run."""
+    from transformers import LlamaForCausalLM
+
+    config = module_job(runs, strategy["type"], "hf_models:llama", strategy)
+    run = Path(shoal.train(config)["run_dir"])
+    code, err, _ = export(str(run), capsys=capsys)
+    assert code == 0, err
+    exported, info = LlamaForCausalLM.from_pretrained(
+        run / "export" / best(run).name, output_loading_info=True
+    )
+    assert {k: v for k, v in info.items() if v} == {}, info
+    assert torch.allclose(logits(exported), logits(shoal_model(best(run))), atol=1e-5, rtol=0)

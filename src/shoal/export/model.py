@@ -77,9 +77,14 @@ def user_names(state: dict[str, torch.Tensor], model: nn.Module | None) -> dict[
     return to_hf_state(state, getattr(model, "config", None))
 
 
-def check_fits(saved: SavedModel, model: nn.Module) -> None:
-    """One line if the checkpoint does not hold exactly the model the factory builds."""
-    own = {name: tuple(t.shape) for name, t in model.state_dict().items()}
+def check_fits(saved: SavedModel, model: nn.Module, tied: dict[str, str]) -> None:
+    """One line if the checkpoint does not hold exactly the model the factory builds (a tied
+    weight may be there under its first name only)."""
+    own = {
+        name: tuple(t.shape)
+        for name, t in model.state_dict().items()
+        if not (name in tied and name not in saved.state)
+    }
     held = {name: tuple(t.shape) for name, t in saved.state.items()}
     problems = [f"{name} is missing from the checkpoint" for name in own if name not in held]
     problems += [

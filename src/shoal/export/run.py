@@ -41,15 +41,15 @@ def export_run(
     run = Path(run_dir)
     saved = read_model(pick_checkpoint(run, checkpoint))
     model = run_model(saved)
+    tied = tied_names(model) if model is not None else {}
     if model is not None:
-        check_fits(saved, model)
+        check_fits(saved, model, tied)
     hf = is_pretrained(model)
     chosen: Format = format or ("hf" if hf else "safetensors")
     if chosen == "hf" and not hf:
         raise ShoalError(f"--format hf: {_what(saved, model)}; export it with --format safetensors")
     target = Path(out) if out is not None else _default_out(run, saved, chosen)
     provenance = _provenance(run, saved)
-    tied = tied_names(model) if model is not None else {}
     state = user_names(saved.state, model)
     what = f"export of {saved.checkpoint}"
     if chosen == "hf":

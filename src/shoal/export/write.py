@@ -91,7 +91,7 @@ def save_hf_folder(
     tensor under all its names, so that `save_pretrained` keeps the name it reloads."""
     shared = dict(state)
     for alias, name in tied.items():
-        if alias in shared and name in shared:
+        if name in shared:
             shared[alias] = shared[name]
 
     def write(path: Path) -> None:
