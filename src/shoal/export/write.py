@@ -20,6 +20,7 @@ import os
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -47,7 +48,7 @@ def written_once(
         pointer = tensor.untyped_storage().data_ptr()
         view = (
             pointer,
-            tensor.storage_offset(),
+            int(tensor.storage_offset()),
             tuple(tensor.shape),
             tensor.stride(),
             tensor.dtype,
@@ -100,7 +101,8 @@ def save_hf_folder(
         bar = hf_logging.is_progress_bar_enabled()
         hf_logging.disable_progress_bar()
         try:
-            model.save_pretrained(path, state_dict=shared)  # type: ignore[operator]
+            pretrained: Any = model  # a transformers PreTrainedModel
+            pretrained.save_pretrained(path, state_dict=shared)
         finally:
             if bar:
                 hf_logging.enable_progress_bar()
