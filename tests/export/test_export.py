@@ -334,3 +334,28 @@ def test_every_model_parallel_layout_exports_a_model_from_pretrained_loads(
     )
     assert {k: v for k, v in info.items() if v} == {}, info
     assert torch.allclose(logits(exported), logits(shoal_model(best(run))), atol=1e-5, rtol=0)
+
+
+def test_shoals_own_language_model_exports_with_its_tied_head_written_once(
+    runs: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A task of shoal's own (no factory): its checkpoint's names, the head that shares the
+    token embedding's memory in state.pt written once; safetensors' `load_model` gives the
+    model `shoal generate` loads."""
+    from safetensors.torch import load_file, load_model
+
+    from shoal.tasks.lm.generate import load_best_model
+    from shoal.tasks.lm.model import build_lm
+    from tests.tasks.lm.helpers import lm_job, write_text
+
+    config = lm_job(runs, write_text(tmp_path), task={"model": {"tie_embeddings": True}})
+    run = Path(shoal.train(config)["run_dir"])
+    code, err, _ = export(str(run), "--out", str(tmp_path / "lm.safetensors"), capsys=capsys)
+    assert code == 0, err
+    trained, tokenizer, _ = load_best_model(run)
+    assert "head.weight" not in load_file(tmp_path / "lm.safetensors")
+    fresh = build_lm(trained.config, tokenizer.vocab_size)
+    load_model(fresh, tmp_path / "lm.safetensors")
+    assert fresh.head.weight is fresh.embed.tok.weight
+    theirs = trained.state_dict()
+    assert all(torch.equal(t, theirs[name]) for name, t in fresh.state_dict().items())
