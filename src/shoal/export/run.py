@@ -9,7 +9,7 @@ from typing import Literal
 from shoal.errors import ShoalError
 from shoal.export.model import check_fits, is_pretrained, run_model, tied_names, user_names
 from shoal.export.source import SavedModel, pick_checkpoint, read_model
-from shoal.export.write import place, save_hf_folder, save_safetensors
+from shoal.export.write import place, refuse_existing, save_hf_folder, save_safetensors
 
 Format = Literal["safetensors", "hf"]
 FORMATS: tuple[Format, ...] = ("safetensors", "hf")
@@ -39,6 +39,8 @@ def export_run(
     if format is not None and format not in FORMATS:
         raise ShoalError(f"--format {format}: choose {' or '.join(FORMATS)}")
     run = Path(run_dir)
+    if out is not None:
+        refuse_existing(Path(out))  # before a large checkpoint is read (place checks again)
     saved = read_model(pick_checkpoint(run, checkpoint))
     model = run_model(saved)
     tied = tied_names(model) if model is not None else {}

@@ -114,13 +114,17 @@ def save_hf_folder(
     return write
 
 
-def place(out: Path, write: Callable[[Path], None], what: str) -> None:
-    """Write `out` (a file or a folder) with `write`, into a temporary path beside it, then
-    rename it into place; never over an existing `out`."""
+def refuse_existing(out: Path) -> None:
     if out.exists() or out.is_symlink():
         raise ShoalError(
             f"--out {out}: exists already; give a new path (an export never overwrites)"
         )
+
+
+def place(out: Path, write: Callable[[Path], None], what: str) -> None:
+    """Write `out` (a file or a folder) with `write`, into a temporary path beside it, then
+    rename it into place; never over an existing `out`."""
+    refuse_existing(out)
     tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
