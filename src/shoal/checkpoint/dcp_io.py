@@ -158,14 +158,15 @@ def by_index(
     }
 
 
-def read_full_state(folder: Path) -> dict[str, Any]:
+def read_full_state(folder: Path, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The whole `{"model": ..., "optimizer": ...}` of a sharded checkpoint, as plain
-    tensors, read by this process alone (no collective)."""
+    tensors, read by this process alone (no collective); `keys`: only those entries (the
+    model alone is a third of a checkpoint trained with Adam)."""
     state: dict[str, Any] = {}
     _load_state_dict(
         state,
         storage_reader=SafeReader(folder / SHARDED_DIR),
-        planner=_EmptyStateDictLoadPlanner(),
+        planner=_EmptyStateDictLoadPlanner(keys=list(keys) if keys is not None else None),
         no_dist=True,
     )
     return state

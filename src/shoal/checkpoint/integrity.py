@@ -36,6 +36,7 @@ class CorruptCheckpoint(ShoalError):
     """A checkpoint that is not complete and verifiable; the one message for every cause."""
 
     def __init__(self, path: Path, detail: str) -> None:
+        self.path, self.detail = path, detail  # for a caller that says what to do otherwise
         super().__init__(
             f"{path}: checkpoint is corrupt ({detail}); resume from an earlier one by passing "
             "its folder to --resume"

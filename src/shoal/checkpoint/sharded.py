@@ -76,18 +76,19 @@ def sharded_part(model: nn.Module, optimizer: torch.optim.Optimizer) -> ShardedM
     return ShardedModelPart(model, optimizer)
 
 
-def read_full(folder: Path) -> dict[str, Any]:
+def read_full(folder: Path, keys: tuple[str, ...] | None = None) -> dict[str, Any]:
     """The whole `{"model": ..., "optimizer": ...}` of a sharded checkpoint, as plain
-    tensors, read by this process alone (no collective)."""
+    tensors, read by this process alone (no collective); `keys`: only those entries."""
     from shoal.checkpoint.dcp_io import read_full_state
 
-    return read_full_state(folder)
+    return read_full_state(folder, keys)
 
 
 def plain_model_state(folder: Path, state: Any) -> dict[str, torch.Tensor]:
-    """A checkpoint's model as a plain state dict: from state.pt, or read whole from DCP."""
+    """A checkpoint's model as a plain state dict: from state.pt, or read whole from DCP
+    (the model's pieces only, not the optimizer's)."""
     if is_marker(state):
-        return dict(read_full(folder)["model"])
+        return dict(read_full(folder, ("model",))["model"])
     return dict(state)
 
 

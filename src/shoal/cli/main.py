@@ -1,4 +1,4 @@
-"""`shoal train`, `shoal status`, `shoal report`, `shoal generate`,
+"""`shoal train`, `shoal status`, `shoal report`, `shoal generate`, `shoal export`,
 `shoal config validate|schema|show`, `shoal plugins`.
 
 User errors print one line each (what, where, how to fix) and exit 2, without a
@@ -173,6 +173,17 @@ def _generate(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _export(args: argparse.Namespace) -> int:
+    from shoal.export import export_run
+
+    done = export_run(args.run_dir, args.out, args.format, args.checkpoint)
+    print(
+        f"exported step {done.step} ({done.checkpoint}) as {done.format}: {done.path} "
+        f"({done.tensors} tensors, {done.bytes / 1e6:.1f} MB)"
+    )
+    return EXIT_OK
+
+
 def build_parser() -> argparse.ArgumentParser:
     from shoal import __version__
 
@@ -238,6 +249,32 @@ def build_parser() -> argparse.ArgumentParser:
     generate.add_argument("--top-k", type=int, help="sample among the k likeliest tokens only")
     generate.add_argument("--seed", type=int, default=0, help="seed of the sampling (0)")
     generate.set_defaults(handler=_generate)
+
+    export = commands.add_parser(
+        "export",
+        help="write a run's trained model (no optimizer state) as one safetensors file, or a "
+        "folder Hugging Face's from_pretrained loads",
+    )
+    export.add_argument("run_dir", metavar="RUN", help="run directory")
+    export.add_argument(
+        "--out",
+        metavar="PATH",
+        help="where to write it; must not exist (default: RUN/export/step-N.safetensors, or the "
+        "folder RUN/export/step-N for --format hf)",
+    )
+    export.add_argument(
+        "--format",
+        help="safetensors: one file, under the names of your module; hf: config.json and "
+        "model.safetensors under Hugging Face's names (default: hf for a Hugging Face "
+        "PreTrainedModel, safetensors otherwise)",
+    )
+    export.add_argument(
+        "--checkpoint",
+        metavar="NAME",
+        help="which checkpoint: latest, step-N (in checkpoints/ or best/) or a checkpoint "
+        "folder (default: the best, best/step-N)",
+    )
+    export.set_defaults(handler=_export)
 
     config = commands.add_parser("config", help="check, show or describe configs")
     config_commands = config.add_subparsers(dest="config_command", required=True, metavar="ACTION")

@@ -133,13 +133,22 @@ def _is_dataset(data: Any) -> bool:
 
 def on_meta(result: Built) -> nn.Module:
     """A model to check names and shapes against: the factory's callable called on the meta
-    device (no memory, no init), or the module the factory built (left as it is)."""
+    device (no memory, no init), or the module the factory built (left as it is).
+
+    A callable that loads weights (`from_pretrained` refuses the meta device) is called as
+    it is, under torch's generator forked, and its model moved to meta."""
     model = result.model
     if isinstance(model, nn.Module):
         with torch.device("meta"):
             return held(copy.deepcopy(model).to("meta"))
-    with torch.device("meta"):
-        made = model()
+    try:
+        with torch.device("meta"):
+            made = model()
+    except Exception:
+        with torch.random.fork_rng(devices=[]):
+            made = model()
+        if isinstance(made, nn.Module):
+            made = made.to("meta")
     if not isinstance(made, nn.Module):
         raise ShoalError(f"'model' returned a {_type(made)}; it must return an nn.Module")
     return held(made)
