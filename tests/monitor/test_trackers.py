@@ -212,8 +212,8 @@ def test_a_failed_run_ends_its_tracker_runs_as_failed(offline: Path, tmp_path: P
         run={"dir": str(tmp_path / "runs"), "name": "failing"},
         faults={"inject": {"rank": 0, "step": 5, "kind": "raise"}},
     )
-    with pytest.raises(shoal.ShoalError, match="injected"):
-        shoal.train(job)
+    with pytest.raises(Exception, match=r"injected fault at step 5|failed at step 5"):
+        shoal.train(job)  # one process, in this one: the fault itself comes out
     run_dir = tmp_path / "runs" / "failing"
     if HAS_WANDB:
         assert wandb_exit_code(wandb_records(run_dir)) == 1
@@ -241,8 +241,8 @@ def test_sigterm_stops_the_run_and_ends_its_tracker_runs_as_killed(
     if HAS_WANDB:
         records = wandb_records(run_dir)
         assert wandb_exit_code(records) == 128 + signal.SIGTERM
-        last = max(step for _, step, _ in wandb_scalars(records))
-        assert last == max(logged(run_dir, "train", "loss"))
+        loss = {step: value for tag, step, value in wandb_scalars(records) if tag == "train/loss"}
+        assert loss == logged(run_dir, "train", "loss")  # every line up to the stop
     if HAS_MLFLOW:
         assert mlflow_run(store)[1].info.status == "KILLED"
 
