@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, field_validator
 
 from shoal.config.base import ConfigModel
+from shoal.config.trackers import MlflowConfig, WandbConfig
 
 INTERFACE_NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_.:@-]{0,14}$")
 
@@ -113,6 +114,19 @@ class MonitorConfig(ConfigModel):
         description="Also write metrics.jsonl's scalars as TensorBoard event files into the "
         "run's tensorboard/ folder (`tensorboard --logdir runs/` shows every run). Needs the "
         "tensorboard package: pip install 'shoal[tensorboard]'.",
+    )
+    wandb: WandbConfig | None = Field(
+        None,
+        description="Also log the run to Weights & Biases: the same scalars as TensorBoard "
+        'and the resolved config, from rank 0, e.g. { project = "kge", mode = '
+        "\"offline\" }. Needs pip install 'shoal[wandb]'.",
+    )
+    mlflow: MlflowConfig | None = Field(
+        None,
+        description="Also log the run to MLflow: the same scalars as TensorBoard as metrics "
+        "and the resolved config as params (and config.toml as an artifact), from rank 0, "
+        'e.g. { tracking_uri = "file:./mlruns", experiment = "kge" }. Needs pip install '
+        "'shoal[mlflow]'.",
     )
 
     @field_validator("tensorboard")

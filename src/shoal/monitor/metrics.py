@@ -13,7 +13,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from shoal.monitor.tensorboard import ScalarWriter
+from shoal.monitor.scalars import Outcome, ScalarSink, scalars_of
 
 
 def _clean(value: Any) -> Any:
@@ -24,15 +24,13 @@ def _clean(value: Any) -> Any:
 
 class MetricsLog:
     """Appends records to metrics.jsonl; each line is flushed so a crash loses at most one.
-    With `tensorboard` (a folder), the same records' scalars also go to TensorBoard event
-    files there (`monitor/tensorboard.py`)."""
+    Each record's scalars also go to `sinks` (TensorBoard, W&B, MLflow: `monitor/sinks.py`),
+    the same scalars to every one (`monitor/scalars.py`)."""
 
-    def __init__(self, path: Path, enabled: bool, tensorboard: Path | None = None) -> None:
+    def __init__(self, path: Path, enabled: bool, sinks: list[ScalarSink] | None = None) -> None:
         self.path = path
         self._handle = open(path, "a", encoding="utf-8") if enabled else None  # noqa: SIM115
-        self._scalars: ScalarWriter | None = None
-        if enabled and tensorboard is not None:
-            self._scalars = ScalarWriter(tensorboard)
+        self._sinks = list(sinks or []) if enabled else []
 
     def write(self, record: dict[str, Any]) -> None:
         if self._handle is None:
@@ -41,16 +39,25 @@ class MetricsLog:
         clean.setdefault("time", round(time.time(), 3))
         self._handle.write(json.dumps(clean) + "\n")
         self._handle.flush()
-        if self._scalars is not None:
-            self._scalars.write(clean)
+        scalars = scalars_of(clean) if self._sinks else None
+        if scalars is not None:
+            for sink in self._sinks:
+                sink.write(*scalars)
 
-    def close(self) -> None:
+    def close(self, outcome: Outcome = "completed") -> None:
+        """Close the file, and end every sink with how the session ended."""
         if self._handle is not None:
             self._handle.close()
             self._handle = None
-        if self._scalars is not None:
-            self._scalars.close()
-            self._scalars = None
+        sinks, self._sinks = self._sinks, []
+        failure: Exception | None = None
+        for sink in sinks:  # every one is ended, even after another failed to
+            try:
+                sink.close(outcome)
+            except Exception as error:
+                failure = failure or error
+        if failure is not None:
+            raise failure
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

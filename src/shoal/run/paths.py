@@ -21,6 +21,7 @@ class RunPaths:
         config.toml          the resolved config (defaults filled in, paths absolute)
         metrics.jsonl        one JSON object per logging interval and evaluation
         tensorboard/         the same scalars as TensorBoard event files ([monitor] tensorboard)
+        wandb/               W&B's files of the run ([monitor] wandb without a dir)
         results.json         final metrics, wall time, world size, strategy
         logs/rank-<r>.log    one log per rank (and rank-<r>.error.json if it failed)
         checkpoints/step-<n> one folder per checkpoint

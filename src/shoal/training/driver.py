@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -30,6 +31,8 @@ from shoal.checkpoint.space import DiskFull
 from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
+from shoal.monitor.scalars import Outcome
+from shoal.monitor.sinks import open_sinks
 from shoal.protocols.task import Task
 from shoal.recovery.replicas import host_snapshot_dir, send_replica
 from shoal.recovery.snapshots import snapshot_dir
@@ -65,8 +68,7 @@ class Driver:
     def run(self) -> dict[str, Any]:
         started = time.perf_counter()
         ctx = self.ctx
-        board = ctx.paths.tensorboard if ctx.config.monitor.tensorboard else None
-        self.metrics = MetricsLog(ctx.paths.metrics, enabled=ctx.is_main, tensorboard=board)
+        self.metrics = MetricsLog(ctx.paths.metrics, enabled=ctx.is_main, sinks=open_sinks(ctx))
         self.reporter = ProgressReporter(ctx.config.monitor.progress, ctx.is_main, 0, None)
         self.run_info = Run(ctx, self.task, self.progress, self.metrics, self.reporter, {})
         loop: UnitLoop | None = None
@@ -99,10 +101,17 @@ class Driver:
                     self._test_and_save_artifacts()
         finally:
             self.reporter.close()
-            self.metrics.close()
+            self.metrics.close(self._outcome())
             if loop is not None:
                 loop.close()
         return self._finish(time.perf_counter() - started)
+
+    def _outcome(self) -> Outcome:
+        """How the session ends, for the trackers (called in `run`'s finally: an exception
+        in flight there is a failure)."""
+        if self.stopped is not None:
+            return "stopped"
+        return "failed" if sys.exc_info()[0] is not None else "completed"
 
     def _loop(self) -> None:
         ctx, p, plan = self.ctx, self.progress, self.plan
