@@ -32,6 +32,7 @@ lint: setup
 
 typecheck: setup
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy docs/hooks
 
 # the documentation site into site/ (strict: a broken link fails), or served with live reload
 docs: setup
