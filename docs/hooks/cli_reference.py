@@ -27,7 +27,8 @@ def render(parser: argparse.ArgumentParser) -> str:
         anchor = name.replace(" ", "-")
         lines += ["", f"## `{name}` {{#{anchor}}}", ""]
         if help_text:
-            lines += [escape(help_text[0].upper() + help_text[1:]) + ".", ""]
+            sentence = help_text[0].upper() + help_text[1:]
+            lines += [escape(sentence if sentence.endswith(".") else sentence + "."), ""]
         lines += ["```text", command.format_usage().strip(), "```", ""]
         rows = [_row(action) for action in command._actions if _documented(action)]
         if rows:
