@@ -80,7 +80,9 @@ def test_every_internal_link_and_anchor_resolves(site: Path) -> None:
             parts = urlsplit(href)
             if parts.scheme or parts.netloc or href.startswith("mailto:"):
                 continue  # a link out of the site
-            target = (page.parent / unquote(parts.path)).resolve() if parts.path else page
+            path = unquote(parts.path)
+            base = site if path.startswith("/") else page.parent  # 404.html: from the root
+            target = (base / path.lstrip("/")).resolve() if path else page
             if target.is_dir():
                 target = target / "index.html"
             if not target.is_file():
