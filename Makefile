@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.shoal-installed
 TORCH  := torch==2.13.0
 
-.PHONY: setup demo demo-dp test lint typecheck bench bench-kge bench-ps bench-pbg clean
+.PHONY: setup demo demo-dp test lint typecheck docs docs-serve bench bench-kge bench-ps bench-pbg clean
 
 setup: $(STAMP)
 
@@ -27,11 +27,19 @@ test: setup
 	$(PY) -m pytest -q
 
 lint: setup
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks docs/hooks
+	$(VENV)/bin/ruff format --check src tests benchmarks docs/hooks
 
 typecheck: setup
 	$(VENV)/bin/mypy
+	$(VENV)/bin/mypy docs/hooks
+
+# the documentation site into site/ (strict: a broken link fails), or served with live reload
+docs: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build
+
+docs-serve: setup
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs serve
 
 bench: setup
 	$(PY) benchmarks/dp_vs_ddp.py
@@ -48,4 +56,4 @@ bench-pbg: setup
 	$(PY) benchmarks/kge_vs_pbg.py
 
 clean:
-	rm -rf $(VENV) .venv-pbg runs .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) .venv-pbg runs site .pytest_cache .mypy_cache .ruff_cache

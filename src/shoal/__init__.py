@@ -8,11 +8,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
-
 __all__ = ["ShoalConfig", "ShoalError", "__version__", "load_config", "train"]
 
 if TYPE_CHECKING:
+    __version__: str
     from shoal.api import train
     from shoal.config import ShoalConfig, load_config
     from shoal.errors import ShoalError
@@ -25,7 +24,20 @@ _LAZY = {
 }
 
 
+def _installed_version() -> str:
+    """pyproject.toml's version, as installed: the one source of truth for `shoal --version`."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("shoal")
+    except PackageNotFoundError:  # a source tree on PYTHONPATH, never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":  # read once, on first use: `import shoal` stays light
+        globals()["__version__"] = _installed_version()
+        return globals()["__version__"]
     if name in _LAZY:
         import importlib
 

@@ -46,8 +46,9 @@ def train(
     or SIGINT stopped raises RunStopped (its `exit_code` is 128 + the signal)
     after writing its final checkpoint and results.json.
 
-    >>> results = shoal.train("examples/demo.toml", workers=2)
-    >>> results["valid"]["accuracy"]
+    Examples:
+        >>> results = shoal.train("examples/demo.toml", workers=2)
+        >>> results["valid"]["accuracy"]
     """
     launch = external_launch()
     if launch is not None:

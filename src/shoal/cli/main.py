@@ -118,9 +118,9 @@ def _validate(args: argparse.Namespace) -> int:
 
 
 def _schema(args: argparse.Namespace) -> int:
-    from shoal.config import ShoalConfig
+    from shoal.config.json_schema import config_json_schema
 
-    print(json.dumps(ShoalConfig.model_json_schema(), indent=2))
+    print(json.dumps(config_json_schema(), indent=2))
     return EXIT_OK
 
 
