@@ -29,8 +29,9 @@ class ConfigModel(BaseModel):
         the top-level config never looks inside a section it does not own."""
 
 
-def _resolve_existing_file(value: str, info: ValidationInfo) -> str:
-    """Resolve a path against the config file's folder and require that it exists.
+def resolve_existing_file(value: str, info: ValidationInfo, kind: str = "file") -> str:
+    """Resolve a path against the config file's folder and require that it exists (a
+    file; with `kind = "folder"`, a file or a folder).
 
     Relative paths in a config mean "next to this config", whatever the current
     directory is when `shoal train` runs; the resolved config saved in the run
@@ -41,17 +42,17 @@ def _resolve_existing_file(value: str, info: ValidationInfo) -> str:
     if not path.is_absolute() and base is not None:
         path = Path(base) / path
     path = path.resolve()
-    if not path.is_file():
-        raise ValueError(f"file not found: {path}")
+    if not (path.is_file() or (kind == "folder" and path.is_dir())):
+        raise ValueError(f"{kind} not found: {path}")
     return str(path)
 
 
-ExistingFile = Annotated[str, AfterValidator(_resolve_existing_file)]
+ExistingFile = Annotated[str, AfterValidator(resolve_existing_file)]
 """A path to an existing file, relative paths taken from the config's folder."""
 
 
 def _checks_file(metadata: Any) -> bool:
-    return any(getattr(item, "func", None) is _resolve_existing_file for item in metadata)
+    return any(getattr(item, "func", None) is resolve_existing_file for item in metadata)
 
 
 def is_file_field(info: FieldInfo) -> bool:
