@@ -130,7 +130,7 @@ class PreparedDataConfig(ConfigModel):
     `shoal config validate`), every byte at the first use of these files.
     """
 
-    source: Literal["prepared"] = "prepared"
+    source: Literal["graph"] = "graph"  # not "prepared": the field's name, in error paths
     prepared: PreparedManifest = Field(
         ..., description="Folder written by `shoal kge prepare` (relative to the config)."
     )
@@ -330,7 +330,7 @@ class KGETaskConfig(ConfigModel):
     data: KGEDataConfig = Field(
         ...,
         description="The triples: source = builtin (name = ...) | files (train = ...) | "
-        "prepared (prepared = folder).",
+        "graph (prepared = folder).",
     )
     model: KGEModelConfig = Field(
         ...,
@@ -370,7 +370,7 @@ class KGETaskConfig(ConfigModel):
             source = (
                 "builtin"
                 if "name" in data["data"]
-                else "prepared"
+                else "graph"
                 if "prepared" in data["data"]
                 else "files"
             )

@@ -83,10 +83,9 @@ class FilterIndex:
     def of_split(cls, graph: GraphFilter, triples: torch.Tensor) -> FilterIndex:
         """The answers of `triples`' queries, looked up in a prepared graph's index on disk
         as each batch is ranked."""
-        t = triples.numpy()
         return cls(
-            tails=SplitAnswers(graph.tails, graph.keys(t[:, 0], t[:, 1])),
-            heads=SplitAnswers(graph.heads, graph.keys(t[:, 2], t[:, 1])),
+            tails=SplitAnswers(graph, triples.numpy(), head=False),
+            heads=SplitAnswers(graph, triples.numpy(), head=True),
         )
 
     @classmethod

@@ -1,12 +1,14 @@
 """TSV configs train from a prepared graph too: one prepared on first use, kept beside them.
 
 The cache of `train.txt` lives in `.shoal-kge/train.txt-<key>/` in the same folder
-(the key: a hash of the split files' paths), or under the user's cache folder when
-that folder is not writable or the files come from an installed package (the
-built-in datasets). It is current while every source is the file it was prepared
-from: same size and modification time, with the time at least `RACY_S` older than
-the preparation's start (else the file may have changed within the clock's
-resolution, as git's "racy" index entries), or else the same sha256.
+(the key: a hash of the split files' paths), or under the user's cache folder
+(`$XDG_CACHE_HOME/shoal/kge`, by default `~/.cache/shoal/kge`) when that folder is
+read-only or the files come from an installed package (the built-in datasets).
+
+It is current while every source is the file it was prepared from: same size and
+modification time, with the time at least `RACY_S` older than the preparation's
+start (else the file may have changed within the clock's resolution, as git's
+"racy" index entries), or else the same sha256.
 
 Several processes may start at once (every rank of a job): one takes the lock,
 prepares into a temporary folder and renames it into place; the others wait on the
@@ -25,12 +27,11 @@ from typing import Any
 
 from shoal.errors import DataError
 from shoal.tasks.kge.prepared.lock import FolderLock
-from shoal.tasks.kge.prepared.manifest import check_sizes, read_manifest, sha256_of
+from shoal.tasks.kge.prepared.manifest import RACY_S, check_sizes, read_manifest, sha256_of
 from shoal.tasks.kge.prepared.progress import PrepareProgress
 from shoal.tasks.kge.prepared.sources import prepare_tsv
 
 CACHE_FOLDER = ".shoal-kge"
-RACY_S = 2.0
 
 
 def user_cache() -> Path:
@@ -38,8 +39,14 @@ def user_cache() -> Path:
     return Path(base) / "shoal" / "kge"
 
 
+def _writable(folder: Path) -> bool:
+    """Writable, and not marked read-only for everyone (as shared datasets are): root may
+    write anywhere, and should not write there."""
+    return os.access(folder, os.W_OK) and bool(folder.stat().st_mode & 0o222)
+
+
 def _cache_root(train: Path, beside: bool) -> Path:
-    if beside and os.access(train.parent, os.W_OK):
+    if beside and _writable(train.parent):
         return train.parent / CACHE_FOLDER
     return user_cache()
 

@@ -184,8 +184,7 @@ def _sorted_unique(
     if len(keys) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty, np.zeros(0, dtype=bool)
-    order = np.lexsort((answers, keys))
-    keys, answers, train = keys[order], answers[order], train[order]
+    keys, answers, train = _sorted(keys, answers, train)
     first = np.ones(len(keys), dtype=bool)
     first[1:] = (keys[1:] != keys[:-1]) | (answers[1:] != answers[:-1])
     starts = np.flatnonzero(first)
@@ -197,3 +196,19 @@ def _sorted_unique(
     counts = np.diff(np.append(key_starts, len(keys)))
     query_train = np.maximum.reduceat(train, key_starts).astype(bool)
     return keys[key_starts], counts, answers, query_train
+
+
+def _sorted(
+    keys: np.ndarray, answers: np.ndarray, train: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Sorted by (key, answer), training triples first among equals. One sort of single
+    int64 numbers (key, answer and flag packed) where they fit, else a lexsort."""
+    low = int(keys.min())
+    span = int(answers.max()) + 1
+    if (int(keys.max()) - low + 1) * span < 1 << 62:
+        packed = ((keys - low) * span + answers) * 2 + (1 - train.astype(np.int64))
+        packed.sort()
+        pairs = packed >> 1
+        return pairs // span + low, pairs % span, (1 - (packed & 1)).astype(np.uint8)
+    order = np.lexsort((answers, keys))
+    return keys[order], answers[order], train[order]

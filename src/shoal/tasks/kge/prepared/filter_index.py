@@ -61,15 +61,20 @@ class QueryIndex:
 
 
 class SplitAnswers:
-    """The known answers of a list of queries, read from the index a batch at a time
-    (the `rows` contract of `evaluation.Answers`)."""
+    """The known answers of the queries of some triples, one side, read from the index a
+    batch at a time (the `rows` contract of `evaluation.Answers`): a worker reads the
+    triples and index entries of its own batches only."""
 
-    def __init__(self, index: QueryIndex, query_keys: np.ndarray) -> None:
-        self.index = index
-        self.query_keys = query_keys
+    def __init__(self, graph: GraphFilter, triples: np.ndarray, head: bool) -> None:
+        self.graph = graph
+        self.triples = triples
+        self.head = head
 
     def rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
-        rows, answers = self.index.answers_of(self.query_keys[start:stop])
+        part = self.triples[start:stop]
+        anchors = part[:, 2] if self.head else part[:, 0]
+        keys = self.graph.keys(anchors, part[:, 1])
+        rows, answers = self.graph.side(self.head).answers_of(keys)
         return torch.from_numpy(rows), torch.from_numpy(answers)
 
 

@@ -52,13 +52,13 @@ class PreparedGraph:
         self.manifest = manifest
         self.num_entities = int(manifest["entities"])
         self.num_relations = int(manifest["relations"])
-        self.splits = {name: self._array(split_file(name)) for name in manifest["splits"]}
+        self.splits = {name: self._array(split_file(name), True) for name in manifest["splits"]}
         self.entity_names = self._names("entity")
         self.relation_names = self._names("relation")
         self.degree = self._array(DEGREE)
         self.relation_counts = self._array(RELATION_COUNTS)
         indexes = {
-            direction: QueryIndex(*(self._array(name) for name in filter_files(direction)))
+            direction: QueryIndex(*(self._array(name, True) for name in filter_files(direction)))
             for direction in DIRECTIONS
         }
         self.filter = GraphFilter(indexes["tails"], indexes["heads"], self.num_relations)
@@ -77,8 +77,10 @@ class PreparedGraph:
         info: dict[str, Any] = self.manifest["splits"][name]
         return info
 
-    def _array(self, name: str) -> np.ndarray:
-        array = open_npy(self.folder / name)
+    def _array(self, name: str, random_access: bool = False) -> np.ndarray:
+        """A file's array, checked against the manifest (`random_access`: rows read at
+        random, as batches and binary searches read them)."""
+        array = open_npy(self.folder / name, random_access)
         check_array(self.folder / name, array, self.manifest["files"][name])
         return array
 

@@ -60,7 +60,7 @@ class FolderLock:
             if quiet > self.stall_s:
                 raise DataError(
                     f"{self.what}: waited {time.monotonic() - started:.0f} s for {self._holder()}, "
-                    f"which holds {self.path} and made no progress for {self.stall_s:.0f} s "
+                    f"which holds {self.path} and made no progress for {self.stall_s:g} s "
                     "(faults.timeout_s); stop that process or raise the timeout"
                 )
             time.sleep(POLL_S)

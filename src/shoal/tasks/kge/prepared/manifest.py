@@ -7,7 +7,9 @@ per file: a truncated copy is refused at once) and every array's header with its
 dtype and shape. The checksums are compared once per version of the files: the
 first use after they were written, copied or changed verifies every byte and leaves
 `verified.json` (each file's size, modification time and inode), so later uses
-trust what has not changed since. `shoal kge verify FOLDER` checks every byte again.
+trust what has not changed since (files written within seconds of that check are
+checked again: a change so close to it could leave the modification time as it was).
+`shoal kge verify FOLDER` checks every byte again.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import time
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +32,7 @@ FORMAT = "shoal-kge-graph"
 VERSION = 1
 SEAL = "manifest_sha256"
 PREPARE_AGAIN = "prepare it again with: shoal kge prepare"
+RACY_S = 2.0
 
 
 def sha256_of(path: Path) -> str:
@@ -114,26 +118,35 @@ def check_array(path: Path, array: np.ndarray, entry: dict[str, Any]) -> None:
         )
 
 
-def _stamp(folder: Path, manifest: dict[str, Any]) -> dict[str, Any]:
+def _file_stats(folder: Path, manifest: dict[str, Any]) -> dict[str, list[int]]:
     files = {}
     for name in sorted(manifest["files"]):
         stat = (folder / name).stat()
         files[name] = [stat.st_size, stat.st_mtime_ns, stat.st_ino]
-    return {"manifest": manifest[SEAL], "files": files}
+    return files
 
 
 def write_verified(folder: Path, manifest: dict[str, Any]) -> None:
     """Record that every file, as it is now, matched its checksum (skipped if read-only)."""
+    stamp = {
+        "manifest": manifest[SEAL],
+        "at_ns": time.time_ns(),
+        "files": _file_stats(folder, manifest),
+    }
     with contextlib.suppress(OSError):  # a read-only folder: every use verifies
-        atomic_write_bytes(folder / VERIFIED, json.dumps(_stamp(folder, manifest)).encode())
+        atomic_write_bytes(folder / VERIFIED, json.dumps(stamp).encode())
 
 
 def is_verified(folder: Path, manifest: dict[str, Any]) -> bool:
-    """Whether the files are those last verified (same size, modification time, inode)."""
+    """Whether the files are those last verified: same size, modification time and inode,
+    and modified at least RACY_S before the verification (a change within the clock's
+    resolution of it could leave the time as it was: git's "racy" entries)."""
     try:
         stamp = json.loads((folder / VERIFIED).read_text())
-        return bool(stamp == _stamp(folder, manifest))
-    except (OSError, ValueError):
+        files = _file_stats(folder, manifest)
+        settled = all(mtime < stamp["at_ns"] - RACY_S * 1e9 for _, mtime, _ in files.values())
+        return bool(stamp["manifest"] == manifest[SEAL] and stamp["files"] == files and settled)
+    except (OSError, ValueError, KeyError, TypeError):
         return False
 
 

@@ -7,6 +7,7 @@ the number of rows is known only once every block has been appended.
 
 from __future__ import annotations
 
+import mmap
 import os
 from pathlib import Path
 from types import TracebackType
@@ -75,10 +76,27 @@ def save_npy(path: Path, array: np.ndarray) -> None:
         writer.append(array)
 
 
-def open_npy(path: Path) -> np.ndarray:
-    """A read-only memory map of an .npy file (copy-on-write: writable in this process only,
-    so torch can wrap it without a warning, and the file is never changed)."""
-    return np.load(path, mmap_mode="c", allow_pickle=False)
+def open_npy(path: Path, random_access: bool = False) -> np.ndarray:
+    """A memory map of an .npy file, copy-on-write: writable in this process only (torch
+    wraps it without a warning), the file never changed. `random_access` tells the kernel
+    to read only the pages touched (no read-around: a batch's random rows each fault in
+    their own page, not 128 KiB around it)."""
+    with open(path, "rb") as handle:
+        version = np.lib.format.read_magic(handle)
+        if version == (1, 0):
+            shape, fortran_order, dtype = np.lib.format.read_array_header_1_0(handle)
+        else:
+            shape, fortran_order, dtype = np.lib.format.read_array_header_2_0(handle)
+        if fortran_order or dtype.hasobject:
+            raise ValueError(f"{path}: not a C-ordered array of numbers")
+        offset = handle.tell()
+        count = int(np.prod(shape))
+        if count == 0:
+            return np.zeros(shape, dtype=dtype)
+        mapped = mmap.mmap(handle.fileno(), 0, access=mmap.ACCESS_COPY)
+    if random_access and hasattr(mmap, "MADV_RANDOM"):
+        mapped.madvise(mmap.MADV_RANDOM)
+    return np.frombuffer(mapped, dtype=dtype, count=count, offset=offset).reshape(shape)
 
 
 def row_blocks(array: np.ndarray, rows: int) -> list[slice]:

@@ -45,6 +45,7 @@ from shoal.tasks.textfile import TextBlock, text_blocks
 
 NAMES = LineFormat(("id", "name"), "expected id<TAB>name lines")
 NAME_BLOCK = 1 << 16
+BLOCK_BYTES = 8 << 20  # text read and split at once
 
 
 def _source(path: Path, digest: str, read_at_ns: int) -> dict[str, Any]:
@@ -71,7 +72,8 @@ class _Reading:
 
     def blocks(self) -> Iterator[TextBlock]:
         self.progress.phase(f"reading {self.path.name}", self.path.stat().st_size)
-        for block in text_blocks(self.path, self.expected, digest=self.digest):
+        blocks = text_blocks(self.path, self.expected, BLOCK_BYTES, self.digest)
+        for block in blocks:
             yield block
             self.progress.advance_to(block.consumed)
 
@@ -90,22 +92,21 @@ def _label_ids(
     return np.stack(ids, axis=1)  # type: ignore[arg-type]
 
 
-def _sorted_order(labels: list[str]) -> np.ndarray:
-    """provisional id -> final id, the final ids following the labels' sorted order."""
+def _sorted_order(labels: list[str]) -> tuple[list[int], np.ndarray]:
+    """The provisional ids in the labels' sorted order, and provisional id -> final id."""
     order = sorted(range(len(labels)), key=labels.__getitem__)
     final = np.empty(len(labels), dtype=np.int64)
     final[np.asarray(order, dtype=np.int64)] = np.arange(len(labels), dtype=np.int64)
-    return final
+    return order, final
 
 
 def _renumber(ids: np.ndarray, entities: np.ndarray, relations: np.ndarray) -> np.ndarray:
     return np.stack([entities[ids[:, 0]], relations[ids[:, 1]], entities[ids[:, 2]]], axis=1)
 
 
-def _sorted_names(labels: list[str]) -> Iterator[list[str]]:
-    ordered = sorted(labels)
-    for start in range(0, len(ordered), NAME_BLOCK):
-        yield ordered[start : start + NAME_BLOCK]
+def _in_order(labels: list[str], order: list[int]) -> Iterator[list[str]]:
+    for start in range(0, len(order), NAME_BLOCK):
+        yield [labels[i] for i in order[start : start + NAME_BLOCK]]
 
 
 def prepare_tsv(
@@ -116,54 +117,73 @@ def prepare_tsv(
 ) -> dict[str, Any]:
     """Prepare labelled TSV splits (`files`: train, and optionally valid and test) into
     `folder`; returns the manifest."""
-    writer = GraphWriter(folder, progress, budget)
-    entities, relations = LabelIndex(), LabelIndex()
-    sources: dict[str, Any] = {}
-    train_path = files["train"]
-    provisional = folder / ".train-provisional.npy"
-    reading = _Reading(train_path, TRIPLE_LINES, progress)
-    with NpyWriter(provisional, np.int64, (3,)) as scratch:
-        for block in reading.blocks():
-            rows = split_block(block, train_path, TRIPLES)
-            scratch.append(_label_ids(rows, block, train_path, entities, relations))
-        count = scratch.rows
-    if count == 0:
-        raise DataError(f"{train_path}: no triples; {TRIPLE_LINES}")
-    sources["train"] = reading.source()
-    progress.phase("numbering labels")
-    entity_ids, relation_ids = _sorted_order(entities.labels), _sorted_order(relations.labels)
-    write_names(folder, "entity", _sorted_names(entities.labels))
-    write_names(folder, "relation", _sorted_names(relations.labels))
-    scratch_ids = open_npy(provisional)
-    with writer.split("train") as out:
-        for part in row_blocks(scratch_ids, CHUNK_ROWS):
-            out.append(_renumber(scratch_ids[part], entity_ids, relation_ids))
-    del scratch_ids
-    provisional.unlink()
-    writer.describe_split("train", str(train_path))
-    entities.freeze()
-    relations.freeze()
+    preparation = _TsvPreparation(GraphWriter(folder, progress, budget), progress)
+    sources = {"train": preparation.train(files["train"])}
     for name, path in files.items():
-        if name == "train":
-            continue
-        reading = _Reading(path, TRIPLE_LINES, progress)
-        unseen, first_unseen, total = 0, None, 0
-        with writer.split(name) as out:
+        if name != "train":
+            sources[name] = preparation.held_out(name, path)
+    writer = preparation.writer
+    return writer.finish(len(preparation.entities), len(preparation.relations), "tsv", sources)
+
+
+class _TsvPreparation:
+    """The label indexes a TSV graph is numbered with, and the splits written with them."""
+
+    def __init__(self, writer: GraphWriter, progress: PrepareProgress) -> None:
+        self.writer = writer
+        self.progress = progress
+        self.entities, self.relations = LabelIndex(), LabelIndex()
+        self.entity_ids = self.relation_ids = np.zeros(0, dtype=np.int64)
+
+    def train(self, path: Path) -> dict[str, Any]:
+        """Read training triples with provisional ids, number the labels in sorted order,
+        write the names and the renumbered triples; the source's record."""
+        folder = self.writer.folder
+        provisional = folder / ".train-provisional.npy"
+        reading = _Reading(path, TRIPLE_LINES, self.progress)
+        with NpyWriter(provisional, np.int64, (3,)) as scratch:
             for block in reading.blocks():
                 rows = split_block(block, path, TRIPLES)
-                ids = _label_ids(rows, block, path, entities, relations)
+                scratch.append(_label_ids(rows, block, path, self.entities, self.relations))
+        if scratch.rows == 0:
+            raise DataError(f"{path}: no triples; {TRIPLE_LINES}")
+        self.progress.phase("numbering labels")
+        entity_order, self.entity_ids = _sorted_order(self.entities.labels)
+        relation_order, self.relation_ids = _sorted_order(self.relations.labels)
+        write_names(folder, "entity", _in_order(self.entities.labels, entity_order))
+        write_names(folder, "relation", _in_order(self.relations.labels, relation_order))
+        del entity_order, relation_order
+        scratch_ids = open_npy(provisional)
+        with self.writer.split("train") as out:
+            for part in row_blocks(scratch_ids, CHUNK_ROWS):
+                out.append(_renumber(scratch_ids[part], self.entity_ids, self.relation_ids))
+        del scratch_ids
+        provisional.unlink()
+        self.writer.describe_split("train", str(path))
+        self.entities.freeze()
+        self.relations.freeze()
+        return reading.source()
+
+    def held_out(self, name: str, path: Path) -> dict[str, Any]:
+        """Write a held-out split; triples with labels unseen in training are counted and
+        left out (the first one's line recorded). The source's record."""
+        reading = _Reading(path, TRIPLE_LINES, self.progress)
+        unseen, first_unseen, total = 0, None, 0
+        with self.writer.split(name) as out:
+            for block in reading.blocks():
+                rows = split_block(block, path, TRIPLES)
+                ids = _label_ids(rows, block, path, self.entities, self.relations)
                 known = (ids >= 0).all(axis=1)
                 total += len(ids)
                 if not known.all():
                     unseen += int((~known).sum())
                     if first_unseen is None:
                         first_unseen = _unseen_message(path, rows, ids, int(np.argmin(known)))
-                out.append(_renumber(ids[known], entity_ids, relation_ids))
+                out.append(_renumber(ids[known], self.entity_ids, self.relation_ids))
         if total == 0:
             raise DataError(f"{path}: no triples; {TRIPLE_LINES}")
-        sources[name] = reading.source()
-        writer.describe_split(name, str(path), unseen, first_unseen)
-    return writer.finish(len(entities), len(relations), "tsv", sources)
+        self.writer.describe_split(name, str(path), unseen, first_unseen)
+        return reading.source()
 
 
 def _unseen_message(path: Path, rows: Rows, ids: np.ndarray, row: int) -> str:
