@@ -236,9 +236,9 @@ def _prepare_progress(ctx: WorkerContext) -> PrepareProgress:
     """How a rank that prepares a TSV graph shows it: a bar on a terminal, log lines else."""
     mode = ctx.config.monitor.progress
     if mode == "off":
-        return PrepareProgress("off")
+        return PrepareProgress("off", ctx.log.info)  # still logs what it prepared
     if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
-        return PrepareProgress("bar")
+        return PrepareProgress("bar", ctx.log.info)
     return PrepareProgress("plain", ctx.log.info)
 
 
