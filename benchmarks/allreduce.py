@@ -36,9 +36,9 @@ from pydantic import TypeAdapter
 
 from shoal.comm.config import AggregationConfig
 from shoal.comm.links import CommGroup
-from shoal.comm.registry import build_aggregator
+from shoal.comm.methods import build_aggregator
 from shoal.launch.process_group import loopback_interface
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 
 SIZES = [4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 16 << 20, 64 << 20]
 

@@ -70,7 +70,7 @@ def one_worker_context(job: dict[str, Any]) -> Any:
     (for building a task in the test's own process)."""
     from shoal.launch.plan import create_run, plan_job
     from shoal.runtime.context import WorkerContext
-    from shoal.runtime.hosts import Hosts
+    from shoal.shape.hosts import Hosts
 
     plan = plan_job(job)
     return WorkerContext(

@@ -16,9 +16,9 @@ from shoal.comm.aggregators import Aggregator, PendingReduction
 from shoal.comm.buckets import BucketedGradientSync, plan_buckets
 from shoal.comm.config import AggregationConfig
 from shoal.comm.links import CommGroup
-from shoal.comm.registry import build_aggregator
-from shoal.runtime.hosts import Hosts
+from shoal.comm.methods import build_aggregator
 from shoal.runtime.stop import STOP
+from shoal.shape.hosts import Hosts
 from tests.comm.group import TIMEOUT_S, run_in_group
 
 

@@ -12,7 +12,7 @@ from torch import nn
 
 from shoal.comm.codec import decode_tree, encode_tree, recv_tree, send_tree
 from shoal.comm.links import CommGroup
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 from tests.comm.group import fails_naming, run_in_group
 
 

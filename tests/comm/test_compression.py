@@ -15,7 +15,7 @@ from shoal.comm.compression.powersgd import PowerSGDCompressor
 from shoal.comm.compression.sparse import RandomKCompressor, TopKCompressor, keep_count
 from shoal.comm.links import CommGroup
 from shoal.comm.ring import RingAllReduce
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 
 SHAPES = ((24, 40), (40,), (7, 3, 5), (11,))
 NUMEL = sum(torch.Size(s).numel() for s in SHAPES)

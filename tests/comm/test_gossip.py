@@ -15,7 +15,7 @@ from shoal.comm.gossip import GossipSync
 from shoal.comm.links import CommGroup
 from shoal.comm.topology import check_adjacency, metropolis_hastings, neighbours, torus_shape
 from shoal.errors import ShoalError
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 from tests.comm.group import TIMEOUT_S, run_in_group
 
 

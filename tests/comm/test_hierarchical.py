@@ -17,7 +17,7 @@ import torch.distributed as dist
 
 from shoal.comm.hierarchical import HierarchicalAllReduce
 from shoal.comm.links import CommGroup
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 from tests.comm.group import TIMEOUT_S, run_in_group
 
 LAYOUTS = {

@@ -10,7 +10,7 @@ import torch
 
 from shoal.comm.links import CommGroup, PeerTimeout, rank_chunks
 from shoal.comm.ring import RingAllReduce
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 from tests.comm.group import fails_naming, run_in_group
 
 

@@ -21,8 +21,8 @@ from pydantic import TypeAdapter
 from shoal.comm.aggregators import BucketSpec
 from shoal.comm.config import AggregationConfig
 from shoal.comm.links import CommGroup
-from shoal.comm.registry import AGGREGATORS, COMPRESSORS, build_aggregator
-from shoal.runtime.hosts import Hosts
+from shoal.comm.methods import AGGREGATORS, COMPRESSORS, build_aggregator
+from shoal.shape.hosts import Hosts
 from tests.comm.group import TIMEOUT_S, run_in_group
 
 DTYPES = {torch.float32: (1e-5, 1e-6), torch.bfloat16: (2e-2, 2e-2)}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -104,8 +105,9 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "parameter server: a dense task",
         GOOD + '\n[strategy]\ntype = "parameter_server"\n',
         [],
-        "strategy parameter_server serves embedding tables: it trains task type 'kge', not "
-        "'classification'; use data_parallel for dense models",
+        "bad.toml:9: strategy.type: strategy parameter_server needs a task that can have its "
+        "embedding rows held by parameter servers: task type 'classification' has no embedding "
+        "tables; use data_parallel for a dense model",
     ),
     (
         "parameter server: colocated needs a worker per server",
@@ -324,4 +326,78 @@ def test_workers_with_local_strategy(tmp_path: Path) -> None:
     assert done.stderr.splitlines() == [
         "--workers 2: strategy 'local' runs one process; set [strategy] type = \"data_parallel\" "
         "to train on several workers"
+    ]
+
+
+#: huge or deep input, each read in well under a second today (issue 35, item 13): before, a
+#: 300 KB string in an inline table's enum took minutes (a quadratic key scan), a 100,000-deep
+#: array was a RecursionError traceback, and a 10 MB key was echoed whole
+BIG = 300_000
+HUGE_CASES = [
+    (
+        "300 KB enum value in an inline table",
+        GOOD.replace("epochs = 1", f'epochs = 1\noptimizer = {{ kind = "{"a" * BIG}", lr = 0.1 }}'),
+        f"bad.toml:6: train.optimizer.kind: unknown value {'a' * 60!r}... (300,000 characters); "
+        "choose one of: sgd, adam, adamw, adagrad, sparse_adam",
+    ),
+    (
+        "300 KB enum value",
+        GOOD + f'lr_decay = "{"b" * BIG}"\n',
+        f"bad.toml:7: train.lr_decay: must be one of 'constant', 'linear', 'cosine' or "
+        f"'plateau', got {'b' * 60!r}... (300,000 characters) (string)",
+    ),
+    (
+        "100,000-deep array",
+        GOOD + "seed = " + "[" * 100_000 + "]" * 100_000 + "\n",
+        "bad.toml: invalid TOML: arrays or tables nested too deeply to read (a config needs a "
+        "few levels; look for a run of '[' or '{')",
+    ),
+    (
+        "10 MB key",
+        GOOD + "k" * (10 << 20) + " = 1\n",
+        f"bad.toml:7: train.{'k' * 60}... (10,485,760 characters): unknown key; allowed here: "
+        "batch_size, drop_last, early_stopping_min_delta, early_stopping_patience, epochs, "
+        "eval_batch_size, eval_every_epochs, grad_clip_norm, lr_decay, max_steps, micro_batches, "
+        "min_lr_ratio, mixed_precision, on_nonfinite, optimizer, plateau, seed, shuffle, "
+        "warmup_steps",
+    ),
+    (
+        "header of 300 KB blanks",
+        GOOD + "[ " + " " * BIG + "\n",
+        "bad.toml:7: invalid TOML: Invalid initial character for a key part (column 300003)",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("content", "expected"), [c[1:] for c in HUGE_CASES], ids=[c[0] for c in HUGE_CASES]
+)
+def test_huge_or_deep_input_gives_one_short_line_at_once(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    content: str,
+    expected: str,
+) -> None:
+    (tmp_path / "bad.toml").write_text(content)
+    monkeypatch.chdir(tmp_path)
+    started = time.perf_counter()
+    code = main(["config", "validate", "bad.toml"])
+    seconds = time.perf_counter() - started
+    assert code == 2
+    assert capsys.readouterr().err.splitlines() == [expected]
+    assert seconds < 5, f"{seconds:.1f} s: validation is no longer linear in its input"
+
+
+def test_a_deep_set_value_gives_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    (tmp_path / "job.toml").write_text(GOOD)
+    deep = "[" * 100_000 + "]" * 100_000
+    assert (
+        main(["config", "validate", str(tmp_path / "job.toml"), "--set", f"train.seed={deep}"]) == 2
+    )
+    assert capsys.readouterr().err.splitlines() == [
+        "--set train.seed: arrays or tables nested too deeply to read (a config needs a few "
+        "levels; look for a run of '[' or '{')"
     ]

@@ -249,10 +249,14 @@ def too_few_classes():
 def test_non_finite_inputs_of_a_factory_are_named_by_sample(tmp_path: Path) -> None:
     (tmp_path / "hostile_factory.py").write_text(FACTORY)
     with pytest.raises(DataError, match=r"'train' sample 17: feature 2 is not a finite number"):
-        call_factory(PythonDataConfig(factory="hostile_factory:tensors"), [tmp_path])
+        call_factory(PythonDataConfig(factory="hostile_factory:tensors", import_dir=str(tmp_path)))
     with pytest.raises(DataError, match=r"'train' sample 2: label 2 is not one of the 2 class"):
-        call_factory(PythonDataConfig(factory="hostile_factory:too_few_classes"), [tmp_path])
-    data = call_factory(PythonDataConfig(factory="hostile_factory:dataset"), [tmp_path])
+        call_factory(
+            PythonDataConfig(factory="hostile_factory:too_few_classes", import_dir=str(tmp_path))
+        )
+    data = call_factory(
+        PythonDataConfig(factory="hostile_factory:dataset", import_dir=str(tmp_path))
+    )
     assert isinstance(data.train, DatasetSamples)
     data.train.fetch(torch.arange(0, 20))  # a clean batch passes
     with pytest.raises(DataError, match=r"'train' sample 21: its input holds nan or inf"):
@@ -337,3 +341,13 @@ def test_the_last_progress_line_names_the_last_epoch(
     metrics = Path(results["run_dir"]) / "metrics.jsonl"
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     assert [r["epoch"] for r in records if r["event"] == "train"] == [0, 1, 1]
+
+
+def test_a_symlink_loop_as_a_data_path_is_one_line(tmp_path: Path) -> None:
+    (tmp_path / "a.csv").symlink_to(tmp_path / "b.csv")
+    (tmp_path / "b.csv").symlink_to(tmp_path / "a.csv")
+    line = _one_line_error(tmp_path, _job_file(tmp_path, "a.csv"))
+    assert line == (
+        f"{tmp_path / 'job.toml'}:5: task.data.path: {tmp_path / 'a.csv'}: a symbolic link that "
+        "leads back to itself (a loop); point it at the file"
+    )

@@ -20,20 +20,19 @@ import numpy as np
 import pytest
 
 import shoal
-from shoal.checkpoint.changes import CHANGES_PROBLEM, INCOMPATIBLE, SAFE, classify
+from shoal.checkpoint.changes import CHANGES_PROBLEM, INCOMPATIBLE, SAFE, classify, resume_rules
 from shoal.checkpoint.manager import list_checkpoints
 from shoal.config import load_config
 from shoal.errors import ConfigError, ShoalError
 from shoal.launch.plan import plan_job
 from shoal.monitor.metrics import read_metrics
-from shoal.strategies.registry import strategy_class
 from tests.conftest import data_parallel, final_state, run_shoal, small_job
 from tests.hostile.tamper import flip_bytes, snapshot
 
 
 def _rules(config: Any) -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """(safe, incompatible) patterns of `config`, as its strategy assembles them."""
-    rules = strategy_class(config.strategy).resume_rules(config)
+    """(safe, incompatible) patterns of `config`, as its fields' marks give them."""
+    rules = resume_rules(config)
     return rules.safe, rules.incompatible
 
 

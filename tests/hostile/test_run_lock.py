@@ -130,3 +130,27 @@ def test_under_torchrun_rank_0_holds_the_run(runs: Path, tmp_path: Path) -> None
     assert done.returncode != 0
     assert f"in use by another shoal job: pid {os.getpid()}" in done.stderr
     assert time.monotonic() - started < 60
+
+
+@pytest.mark.parametrize("what", ["folder", "link"])
+def test_a_run_lock_that_is_not_a_file_is_one_line_and_nothing_is_written(
+    runs: Path, tmp_path: Path, what: str
+) -> None:
+    """run.lock made a folder, or a link to a user's file (which the lock would truncate)."""
+    paths = RunPaths(Path(shoal.train(small_job(runs))["run_dir"]))
+    paths.lock.unlink()
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    if what == "folder":
+        paths.lock.mkdir()
+    else:
+        paths.lock.symlink_to(precious)
+    done = run_shoal("train", "--resume", str(paths.root), "--set", "train.epochs=3", cwd=tmp_path)
+    assert done.returncode == 2, done.stderr
+    assert "Traceback" not in done.stderr
+    kind = "is a folder" if what == "folder" else "is a symbolic link"
+    assert done.stderr.splitlines() == [
+        f"{paths.lock}: {kind}, not the lock file shoal keeps there; move it out of the run "
+        "directory and run again"
+    ]
+    assert precious.read_text() == "keep me\n"

@@ -1,8 +1,8 @@
 """The job's store is not a way in (issue 18, item 4).
 
-Any local process can connect to the launcher's TCP store. The keys shoal reads carry
-a tag derived from the job's secret, so such a process cannot find them; and whatever
-lands under them is validated and authenticated before shoal believes it: garbage is
+Any local process can connect to the launcher's TCP store and list its keys. Whatever
+lands under the keys shoal reads is validated and authenticated before shoal believes
+it (the process groups' rendezvous values included, issue 35): garbage is
 reported once and ignored, forged or replayed heartbeats cannot hide a hung worker,
 and forged reports cannot put words in a worker's mouth. (The tests find the keys with
 the secret from a worker's environment, as a process of the same user could.)
@@ -11,6 +11,7 @@ the secret from a worker's environment, as a process of the same user could.)
 from __future__ import annotations
 
 import json
+import re
 import threading
 import time
 from pathlib import Path
@@ -217,3 +218,79 @@ def test_key_names_depend_on_the_secret() -> None:
     a, b = Signer(new_secret()), Signer(new_secret())
     assert heartbeat_key(a, 1) != heartbeat_key(b, 1) != heartbeat_key(b, 2)
     assert heartbeat_key(a, 1).startswith("shoal/heartbeat/1/")
+
+
+# ------------------------------------------------------------ the process groups' keys
+
+
+def test_a_stray_client_that_overwrites_the_group_keys_ends_the_job_in_one_line(
+    tmp_path: Path,
+) -> None:
+    """Any client of the store lists its keys (the secret-derived names hide nothing) and
+    overwrites every key of the process groups in a loop, from before the workers meet.
+    Before, gloo parsed the garbage and both ranks died of `std::bad_alloc`; now no rank
+    hands torch a value the job did not seal: the job ends in one line naming the store."""
+    job = write_job(tmp_path, **slow_data_parallel(workers=2, delay_s=0.05, epochs=2))
+    launcher = start("train", str(job), cwd=tmp_path, exec_workers=True)
+    store = store_of(workers_of(launcher, 2)[0])
+    stop = threading.Event()
+    seen: set[str] = set()
+
+    def jam() -> None:
+        while not stop.is_set():
+            try:
+                for key in store.list_keys():
+                    seen.add(key)
+                    if not key.startswith("shoal/"):
+                        store.set(key, bytes(range(256)) * 4)
+            except Exception:  # the job is over: its store is gone
+                return
+
+    jammer = threading.Thread(target=jam, daemon=True)
+    jammer.start()
+    try:
+        code, _, err = finish(launcher, timeout=120)
+    finally:
+        stop.set()
+        jammer.join()
+    assert any(not k.startswith("shoal/") for k in seen), seen  # the group keys were listed
+    assert code == 1, err
+    last = err.strip().splitlines()[-1]
+    assert re.search(
+        r"the job's store at 127\.0\.0\.1:\d+: the value under '[^']+' is not one this job "
+        r"wrote \(.+\): another process that reaches the store overwrote a process group's key",
+        last,
+    ), err[-3000:]
+    assert "bad_alloc" not in err and "Traceback" not in err
+    no_worker_left(tmp_path / "runs" / "job")
+
+
+def test_a_stray_client_cannot_park_unbounded_data_in_the_launcher_s_store(
+    tmp_path: Path,
+) -> None:
+    """A client parks 8 MiB values under new keys: past the launcher's bound (512 MiB) the
+    job stops with one line naming the store, instead of the machine running out of memory."""
+    job = write_job(tmp_path, **slow_data_parallel(workers=2, delay_s=0.1, epochs=40))
+    run_dir = tmp_path / "runs" / "job"
+    launcher = start("train", str(job), cwd=tmp_path, exec_workers=True)
+    store = store_of(workers_of(launcher, 2)[0])
+    wait_for_step(run_dir, 2)
+    chunk = b"x" * (8 << 20)
+    parked = 0
+    try:
+        while launcher.poll() is None and parked < 4 << 30:
+            store.set(f"parked/{parked}", chunk)
+            parked += len(chunk)
+    except Exception:  # the job stopped: its store is gone
+        pass
+    code, _, err = finish(launcher, timeout=120)
+    assert code == 1, err
+    assert parked < 2 << 30, f"{parked >> 20} MiB parked before the job stopped"
+    last = err.strip().splitlines()[-1]
+    assert re.search(
+        r"the job's store at 127\.0\.0\.1:\d+: the launcher that hosts it grew by \d+ MiB while "
+        r"the job keeps kilobytes there: another process that reaches the store is parking data",
+        last,
+    ), err[-3000:]
+    assert "Traceback" not in err
+    no_worker_left(run_dir)

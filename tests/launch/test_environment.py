@@ -10,7 +10,7 @@ from shoal.errors import ShoalError
 from shoal.launch.environment import external_launch
 from shoal.launch.network import interfaces, resolve_bind, route_address
 from shoal.launch.slurm import SlurmStep, expand_nodelist, expand_tasks_per_node
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 
 
 def test_nodelists_and_tasks_per_node_expand_as_slurm_writes_them() -> None:

@@ -20,7 +20,7 @@ from shoal.launch.hostwatch import HostWatch, StoreAddress, lost_message
 from shoal.recovery.status import StatusBoard, read_status, status_lines
 from shoal.run import create_run_dir
 from shoal.runtime.auth import Signer
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 
 FAULTS = FaultsConfig(heartbeat_interval_s=0.1, heartbeat_timeout_s=1.0)
 HOSTS = Hosts.from_ranks([("h0", "127.0.0.1"), ("h1", "10.213.0.2")])

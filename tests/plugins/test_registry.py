@@ -228,8 +228,13 @@ def test_a_name_taken_twice_names_both_origins(tmp_path: Path) -> None:
             'its config class ThingConfig needs the field type: Literal["broken"] = "broken" '
             "(no such field)",
         ),
+        (
+            "plug:ThingConfig",
+            "import sys\nsys.exit(3)\n",
+            "cannot import it: ImportError: plug called sys.exit(3) while imported",
+        ),
     ],
-    ids=["no module", "no class", "not a config model", "no type field"],
+    ids=["no module", "no class", "not a config model", "no type field", "exits at import"],
 )
 def test_a_broken_plugin_is_one_line(tmp_path: Path, target: str, source: str, cause: str) -> None:
     (tmp_path / "plug.py").write_text(source)

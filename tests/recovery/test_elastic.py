@@ -4,6 +4,7 @@ the same global batch, and ends as a job that had 3 workers up to that step and 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -95,7 +96,9 @@ def test_min_workers_is_refused_for_a_strategy_that_cannot_shrink(tmp_path: Path
     sections["faults"] = {"max_restarts": 2, "min_workers": 1}
     done = run_shoal("train", str(write_job(tmp_path, **sections)), cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip() == (
-        "faults.min_workers: strategy 'population_based' cannot go on with fewer workers than "
-        "it started with; remove min_workers (restarts keep every worker)"
-    )
+    # refused by the config's validation, at the field's line (`shoal config validate` too)
+    assert re.fullmatch(
+        r"\S*job\.toml:\d+: faults\.min_workers: strategy 'population_based' cannot go on with "
+        r"fewer workers than it started with; remove min_workers \(restarts keep every worker\)",
+        done.stderr.strip(),
+    ), done.stderr

@@ -11,6 +11,7 @@ lost a row's optimizer state or a push would show.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -137,10 +138,12 @@ def test_min_workers_above_the_workers_is_refused_in_one_line(
     config.write_text(tomli_w.dumps(sections))
     done = run_shoal("train", str(config), cwd=tmp_path)
     assert done.returncode == 2
-    assert done.stderr.strip() == (
-        "faults.min_workers: 3 is more than the job's 2 workers; set it to at most 2 "
-        "(0: never shrink)"
-    )
+    # refused by the config's validation, at the field's line (`shoal config validate` too)
+    assert re.fullmatch(
+        r"\S*job\.toml:\d+: faults\.min_workers: 3 is more than the job's 2 workers; set it to "
+        r"at most 2 \(0: never shrink\)",
+        done.stderr.strip(),
+    ), done.stderr
     sections["strategy"] = ps(num_workers=2, num_servers=2, min_servers=3)
     config.write_text(tomli_w.dumps(sections))
     done = run_shoal("train", str(config), cwd=tmp_path)

@@ -4,7 +4,13 @@ at most that many steps, even when the rank that wrote it is the one killed."""
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 import shoal
 from shoal.recovery.snapshots import snapshot_dir
@@ -40,3 +46,51 @@ def test_a_restart_from_a_snapshot_loses_at_most_snapshot_every_steps(tmp_path: 
     for part in ("model", "optimizer", "progress"):
         assert_identical(ours[part], theirs[part], part)
     no_worker_left(run_dir)
+
+
+def _unshare_available() -> str | None:
+    if os.geteuid() != 0 or shutil.which("unshare") is None:
+        return "needs root and unshare(1) to give the job a small /dev/shm of its own"
+    probe = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c", SMALL_SHM + " && true"],
+        capture_output=True,
+    )
+    return None if probe.returncode == 0 else f"cannot mount a tmpfs here: {probe.stderr!r}"
+
+
+#: a 1 MiB /dev/shm in the job's own mount namespace: the machine's stays as it is
+SMALL_SHM = "mount -t tmpfs -o size=1m tmpfs /dev/shm"
+
+
+def test_a_snapshot_that_does_not_fit_in_memory_is_skipped_not_a_failure(tmp_path: Path) -> None:
+    """A 2 MiB state, snapshots into a 1 MiB /dev/shm: each is skipped with a warning and the
+    job completes without a restart (before, every snapshot failed rank 0, burned a restart
+    and the job ended with 'RuntimeError: . unexpected pos ...')."""
+    reason = _unshare_available()
+    if reason:
+        pytest.skip(reason)
+    config = write_job(
+        tmp_path,
+        task={"model": {"hidden": [512, 512]}},
+        strategy={"type": "data_parallel", "num_replicas": 2},
+        faults={"snapshot_every_steps": 10, "max_restarts": 2},
+    )
+    done = subprocess.run(
+        ["unshare", "-m", "--propagation", "private", "sh", "-c",
+         f'{SMALL_SHM} && exec "$0" -m shoal train "$1"', sys.executable, str(config)],
+        cwd=tmp_path, capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    run_dir = tmp_path / "runs" / "job"
+    results = json.loads((run_dir / "results.json").read_text())
+    assert results["status"] == "completed" and results.get("restarts", 0) == 0
+    skipped = [e for e in events(run_dir) if e["event"] == "snapshot_skipped"]
+    assert [e["step"] for e in skipped] == [10, 20], skipped
+    assert (
+        skipped[0]["reason"].startswith(
+            "in-memory snapshot of step 10 not written: the disk holding /dev/shm/shoal-"
+        )
+        and " is full (" in skipped[0]["reason"]
+    )
+    log = (run_dir / "logs" / "rank-0.log").read_text()
+    assert "snapshot of step 10 not written" in log and "training goes on" in log

@@ -147,7 +147,7 @@ def test_a_job_that_shrinks_under_the_agent_s_shared_store_says_how_to_grow_back
 
 def test_a_snapshot_replica_travels_as_plain_bytes_and_refuses_a_path(tmp_path: Path) -> None:
     from shoal.recovery.replicas import pack, replica_peer, unpack_into
-    from shoal.runtime.hosts import Hosts
+    from shoal.shape.hosts import Hosts
 
     snapshot = _fake_checkpoint(tmp_path / "rank0", 12)
     kept = tmp_path / "peer"
@@ -159,3 +159,35 @@ def test_a_snapshot_replica_travels_as_plain_bytes_and_refuses_a_path(tmp_path: 
         unpack_into(b"\x04\x00../x" + (0).to_bytes(8, "little"), kept, "step-00000013")
     assert replica_peer(Hosts.consecutive(4, 2)) == 2  # rank 0's host -> the next host's first
     assert replica_peer(Hosts.single(4)) is None  # one host: the launcher's tmpfs (snapshots.py)
+
+
+def test_status_prints_no_terminal_control_characters(tmp_path: Path) -> None:
+    """status.json is a file in the run directory: whatever it holds, `shoal status` prints
+    no escape sequence (the terminal would act on it) and no traceback."""
+    paths = create_run_dir(tmp_path, "run")
+    hostile = {
+        "state": "running\x1b[2J\x1b]0;pwned\x07",
+        "launcher": {"pid": 2**80, "host": os.uname().nodename},
+        "updated": "soon\x9b",
+        "restarts": "\x1b[31m1",
+        "max_restarts": 3,
+        "ranks": [
+            {
+                "rank": "0\r\x1b[K",
+                "role": "worker\x1b]52;c;ZXZpbA==\x07",
+                "state": "tra\u202eining",
+                "step": 7,
+                "beat": float("nan"),
+                "restarts": 0,
+                "failures": "\x00",
+            },
+            "not a rank",
+        ],
+    }
+    (paths.root / "status.json").write_text(json.dumps(hostile))
+    lines = status_lines(paths, time.time())
+    text = "\n".join(lines)
+    assert not [c for c in text if (ord(c) < 0x20 and c != "\n") or 0x7F <= ord(c) <= 0x9F], text
+    assert "\u202e" not in text
+    assert "\\x1b[2J" in lines[0] and "\\x1b]52;c;ZXZpbA==\\x07" in text
+    assert lines[2].split()[3] == "7"

@@ -371,3 +371,28 @@ def _assert_the_waiting_worker_waited(rounds: list[dict[str, Any]]) -> None:
             uneven += 1
             assert rec[f"rank{sooner}_comm_s"] > rec[f"rank{later}_comm_s"], rec
     assert uneven, "the slowed worker's rounds took longer"
+
+
+def test_a_batch_norm_model_trains(runs: Path, tmp_path: Path) -> None:
+    """The metric names are learnt from one sample: in evaluation mode, where BatchNorm
+    takes a batch of one (in training mode it raised 'Expected more than 1 value per
+    channel' before the first round)."""
+    (tmp_path / "bn_fed.py").write_text(
+        "import torch\n"
+        "from torch import nn\n"
+        "def build():\n"
+        "    g = torch.Generator().manual_seed(0)\n"
+        "    x = torch.randn(240, 6, generator=g)\n"
+        "    y = (x[:, 0] > 0).long()\n"
+        "    model = nn.Sequential(nn.Linear(6, 16), nn.BatchNorm1d(16), nn.ReLU(), nn.Linear(16, 2))\n"
+        "    return {'model': model, 'train': (x[:200], y[:200]), 'valid': (x[200:], y[200:])}\n"
+    )
+    job = fed_job(runs, rounds=6)
+    job["task"] = {
+        "type": "classification",
+        "data": {"source": "python", "factory": "bn_fed:build", "import_dir": str(tmp_path)},
+    }
+    results = shoal.train(job)
+    assert results["status"] == "completed" and results["steps"] == 6
+    assert final_state(results)["model"]["1.num_batches_tracked"].item() > 0
+    assert results["valid"]["accuracy"] > 0.8

@@ -42,16 +42,16 @@ def test_every_server_step_keeps_the_contract(method: str) -> None:
     """A fresh server: a zero update leaves x alone; any update moves x in its direction."""
     config = _strategy(aggregation={"method": method}).aggregation
     x = torch.tensor([1.0, -2.0, 0.5, 3.0])
-    still = AGGREGATIONS.get(method)(config, 4)
+    still = AGGREGATIONS.load(method)(config, 4)
     unchanged = x.clone()
     still.server_step(unchanged, torch.zeros(4))
     assert torch.equal(unchanged, x)
     delta = torch.tensor([0.1, -0.2, 0.0, 1e-3])
-    moving = AGGREGATIONS.get(method)(config, 4)
+    moving = AGGREGATIONS.load(method)(config, 4)
     moved = x.clone()
     moving.server_step(moved, delta)
     assert torch.equal(torch.sign(moved - x), torch.sign(delta))
-    restored = AGGREGATIONS.get(method)(config, 4)
+    restored = AGGREGATIONS.load(method)(config, 4)
     restored.load_state_dict(moving.state_dict())
     a, b = moved.clone(), moved.clone()
     moving.server_step(a, delta)
@@ -87,7 +87,7 @@ def test_fedyogi_server_step_matches_a_hand_computed_example() -> None:
             "tau": 1e-3,
         }
     ).aggregation
-    yogi = AGGREGATIONS.get("fedyogi")(config, 2)
+    yogi = AGGREGATIONS.load("fedyogi")(config, 2)
     x = torch.tensor([1.0, -2.0])
     for delta, expected in zip(([0.1, -0.2], [0.3, 0.05]), _yogi_by_hand(), strict=True):
         yogi.server_step(x, torch.tensor(delta))
@@ -104,7 +104,7 @@ def test_fedadam_and_fedadagrad_differ_from_fedyogi_only_in_v() -> None:
         "fedyogi": tau2 + 0.01 * d2,  # v < delta^2, so Yogi adds (1 - beta2) * delta^2
     }
     for method, v in expected_v.items():
-        server = AGGREGATIONS.get(method)(_strategy(aggregation={"method": method}).aggregation, 2)
+        server = AGGREGATIONS.load(method)(_strategy(aggregation={"method": method}).aggregation, 2)
         server.server_step(torch.zeros(2), delta)
         torch.testing.assert_close(server.v, v, rtol=1e-6, atol=1e-12, msg=method)
 

@@ -8,9 +8,9 @@ import random
 import pytest
 
 from shoal.errors import ShoalError
-from shoal.runtime.hosts import Hosts
-from shoal.runtime.placement import dimension_groups, keeps_rank_order, mesh_order
-from shoal.runtime.roles import RankRoles
+from shoal.shape.hosts import Hosts
+from shoal.shape.placement import dimension_groups, keeps_rank_order, mesh_order
+from shoal.shape.roles import RankRoles
 
 
 def test_parameter_server_placements() -> None:

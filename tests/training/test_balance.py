@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from shoal.runtime.roles import longest_first
+from shoal.shape.roles import longest_first
 from shoal.training.balance import bounded_fractions, smoothed, split_counts
 
 

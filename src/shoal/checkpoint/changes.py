@@ -4,14 +4,19 @@ Every field that differs falls in one of three classes:
 
 - **safe**: how long, how often, where and on how many workers the run trains,
   how it is watched (`train.epochs`, `[checkpoint]`, `[monitor]`, `[faults]`,
-  `[run]`, the strategy's worker count and what a strategy lists in `resume_safe`);
+  `[run]`, the strategy's worker count...): the fields marked `RESUME_SAFE`;
 - **changes the problem**: the run continues, but no longer trains what its
   checkpoints trained (learning rate, optimizer kind, loss, seed, dataset size,
   the content of a data file...). Refused unless the user says `--allow-changes`;
   when allowed, logged and recorded in metrics.jsonl (`config_change`);
 - **incompatible**: the saved state cannot load (model shape, data that changes
-  the id maps, a parameter server's optimizer kind: what the task or strategy
-  lists in `resume_incompatible`). Always refused.
+  the id maps, a parameter server's optimizer kind): the fields marked
+  `RESUME_FIXED`. Always refused.
+
+The policy lives on the fields themselves (`json_schema_extra`, `config/base.py`),
+so `shoal config schema` shows it beside each field's help, and the rules a resume
+applies are read off the config being resumed (`resume_rules`): a plugin's fields
+carry their own.
 
 The safe fields are an allow-list: a field nobody classified (a new one) changes
 the problem until someone says otherwise, so it is refused by default. A changed
@@ -26,30 +31,20 @@ import tomllib
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
+
+from pydantic import BaseModel
 
 from shoal.checkpoint.fingerprint import data_fingerprint
 from shoal.checkpoint.integrity import checkpoint_config_text
 from shoal.config import ShoalConfig, dump_config
+from shoal.config.custom import own_config
 from shoal.errors import ConfigError
 
 SAFE = "safe"
 CHANGES_PROBLEM = "changes the problem"
 INCOMPATIBLE = "incompatible"
 
-ROOT_SAFE = (
-    "train.epochs",
-    "train.max_steps",
-    "train.eval_every_epochs",
-    "train.eval_batch_size",
-    "train.early_stopping_patience",
-    "train.early_stopping_min_delta",
-    "checkpoint.*",
-    "monitor.*",
-    "faults.*",
-    "run.*",
-)
-ROOT_INCOMPATIBLE = ("task.type", "strategy.type")
 DISCRIMINATORS = ("type", "kind", "source", "method")
 _UNSET = object()
 
@@ -97,33 +92,65 @@ def _flatten(data: Any, prefix: str = "") -> dict[str, Any]:
 
 @dataclass(frozen=True)
 class ResumeRules:
-    """The field patterns a resume may change freely (`safe`) or never (`incompatible`).
+    """The field patterns a resume may change freely (`safe`) or never (`incompatible`)."""
 
-    The checkpoint layer does not know strategies or tasks: whoever knows them (the
-    strategy's :meth:`~shoal.strategies.base.Strategy.resume_rules`) adds what they list
-    to the root rules and hands the result in.
-    """
-
-    safe: tuple[str, ...] = ROOT_SAFE
-    incompatible: tuple[str, ...] = ROOT_INCOMPATIBLE
+    safe: tuple[str, ...] = ()
+    incompatible: tuple[str, ...] = ()
     #: strategy types whose checkpoints load under this one (the same parts in the same
     #: layout): a change of `strategy.type` from one of them is safe, from others refused
     strategy_types: tuple[str, ...] = ()
-
-    def adding(
-        self, prefix: str, safe: tuple[str, ...], incompatible: tuple[str, ...]
-    ) -> ResumeRules:
-        """These rules plus a section's own (`prefix`: where its fields live in the config)."""
-        return ResumeRules(
-            self.safe + tuple(f"{prefix}.{p}" for p in safe),
-            self.incompatible + tuple(f"{prefix}.{p}" for p in incompatible),
-            self.strategy_types,
-        )
 
     def classify(self, field: str, saved: Any) -> str:
         if field == "strategy.type" and saved in self.strategy_types:
             return SAFE
         return classify(field, self.safe, self.incompatible)
+
+
+def resume_rules(config: ShoalConfig) -> ResumeRules:
+    """What a resume of `config` may change, read off its fields' `resume` marks (and the
+    strategy types its strategy resumes from).
+
+    A marked field covers everything below it; a field that chooses among variants (a
+    union: `task`, `strategy`, a KG model) marked incompatible covers its variant tag
+    only, the fields inside each variant keeping their own marks. Every variant of a
+    union inside a section is read, not only the chosen one (the rules describe the
+    section's schema); of the root's task and strategy, the chosen type's alone (another
+    type has rules of its own, and changing the type is refused anyway)."""
+    safe: list[str] = []
+    incompatible: list[str] = []
+    seen: set[tuple[str, type[BaseModel]]] = set()
+
+    def walk(model: type[BaseModel], value: Any, prefix: str) -> None:
+        if (prefix, model) in seen:
+            return
+        seen.add((prefix, model))
+        for name, info in model.model_fields.items():
+            path = f"{prefix}{info.alias or name}"
+            extra = info.json_schema_extra if isinstance(info.json_schema_extra, dict) else {}
+            kind = extra.get("resume")
+            if kind == "safe":
+                safe.extend((path, f"{path}.*"))
+            elif kind == "incompatible" and info.discriminator:
+                incompatible.append(f"{path}.{info.discriminator}")
+            elif kind == "incompatible":
+                incompatible.extend((path, f"{path}.*"))
+            child = getattr(value, name, None) if value is not None else None
+            variants = [] if model is type(config) else _models(info.annotation)
+            for nested in variants:
+                walk(nested, child if isinstance(child, nested) else None, f"{path}.")
+            if isinstance(child, BaseModel):  # the chosen variant (a plugin's own section)
+                walk(type(child), child, f"{path}.")
+
+    walk(type(config), config, "")
+    section = own_config(config.strategy)
+    return ResumeRules(tuple(safe), tuple(incompatible), getattr(section, "resumes_from", ()))
+
+
+def _models(annotation: Any) -> list[type[BaseModel]]:
+    """The config models a field's annotation names (through unions, `Annotated`, options)."""
+    if isinstance(annotation, type):
+        return [annotation] if issubclass(annotation, BaseModel) else []
+    return [model for arg in get_args(annotation) for model in _models(arg)]
 
 
 def classify(field: str, safe: tuple[str, ...], incompatible: tuple[str, ...]) -> str:

@@ -38,9 +38,10 @@ from shoal.checkpoint.integrity import (
     sha256_file,
 )
 from shoal.checkpoint.parts import FilePart, StatePart, collect
+from shoal.checkpoint.space import DiskFull, disk_full
 from shoal.config import dump_config
 from shoal.errors import ShoalError
-from shoal.runtime.collectives import barrier
+from shoal.runtime.collectives import all_reduce_max, barrier
 from shoal.runtime.context import WorkerContext
 
 __all__ = [
@@ -118,10 +119,23 @@ def find_checkpoint(target: Path) -> Path:
 class CheckpointManager:
     """Saves checkpoints for one run; rank 0 writes, every rank contributes RNG state."""
 
-    def __init__(self, ctx: WorkerContext, keep_last: int, directory: Path | None = None) -> None:
+    def __init__(
+        self,
+        ctx: WorkerContext,
+        keep_last: int,
+        directory: Path | None = None,
+        what: str = "checkpoint",
+        agree_on_full: bool = False,
+    ) -> None:
+        """`what`: what a save is called in messages; `agree_on_full`: a save that fails on
+        a full disk raises DiskFull on every rank (agreed by one small all-reduce), so that
+        the caller can skip it and go on (the in-memory snapshots); otherwise it raises
+        DiskFull on the rank that failed, which ends the job."""
         self.ctx = ctx
         self.directory = directory or ctx.paths.checkpoints
         self.keep_last = keep_last
+        self.what = what
+        self.agree_on_full = agree_on_full
 
     def save(
         self,
@@ -144,24 +158,61 @@ class CheckpointManager:
         """
         state = collect(parts, self.ctx.is_main)
         tmp = self.directory / f".step-{step:08d}.tmp"
+        what = f"{self.what} of step {step}"
         collective = [part for part in files if getattr(part, "collective", False)]
+        full: DiskFull | None = None
         if self.ctx.is_main:
-            shutil.rmtree(tmp, ignore_errors=True)
-            tmp.mkdir(parents=True)  # also creates the directory itself (e.g. best/) on first use
+            try:
+                shutil.rmtree(tmp, ignore_errors=True)
+                tmp.mkdir(parents=True)  # also creates the directory (e.g. best/) on first use
+            except OSError as exc:
+                full = self._full(exc, tmp, what)
         if collective:  # every rank writes its pieces into the folder rank 0 prepared
+            self._agree(full, what)
             barrier(self.ctx)
             try:
                 for part in collective:
                     part.write_files(tmp)
+            except Exception as exc:
+                found = disk_full(exc, tmp, what)  # checked before the folder is removed
+                if self.ctx.is_main:
+                    shutil.rmtree(tmp, ignore_errors=True)
+                full = self._full(found or exc, tmp, what)
             except BaseException:
                 if self.ctx.is_main:
                     shutil.rmtree(tmp, ignore_errors=True)
                 raise
         own = [part for part in files if part not in collective]
-        path = self._write(step, tmp, state, meta, own) if self.ctx.is_main else None
+        path = None
+        if self.ctx.is_main and full is None:
+            try:
+                path = self._write(step, tmp, state, meta, own)
+            except DiskFull as exc:
+                full = self._full(exc, tmp, what)
+        self._agree(full, what)
         for part in files:
             part.written()
         return path
+
+    def _full(self, exc: BaseException, tmp: Path, what: str) -> DiskFull:
+        """`exc` as DiskFull when a full disk caused it (re-raised as it is otherwise); a
+        manager that does not agree on full disks raises it at once."""
+        full = exc if isinstance(exc, DiskFull) else disk_full(exc, tmp, what)
+        if full is None:
+            raise exc
+        if not self.agree_on_full:
+            raise full from None
+        return full
+
+    def _agree(self, full: DiskFull | None, what: str) -> None:
+        """Collective for a manager that agrees on full disks: raises DiskFull on every
+        rank when any rank's write failed on one (before any part's `written()`, which
+        may meet the other ranks); returns otherwise."""
+        if not self.agree_on_full:
+            return
+        (failed,) = all_reduce_max(self.ctx, [1.0 if full is not None else 0.0])
+        if failed:
+            raise full or DiskFull(f"{what} not written: another rank's disk is full")
 
     def _write(
         self,
@@ -173,7 +224,10 @@ class CheckpointManager:
     ) -> Path:
         final = self.directory / f"step-{step:08d}"
         try:
-            torch.save(state, tmp / STATE_FILE)
+            # through a Python file: a full disk is then this error's context (ENOSPC), where
+            # torch's own writer says only "unexpected pos ..."
+            with open(tmp / STATE_FILE, "wb") as handle:
+                torch.save(state, handle)
             fsync_file(tmp / STATE_FILE)
             declared: dict[str, str] = {}
             for part in files:
@@ -203,6 +257,12 @@ class CheckpointManager:
             # from the first checkpoint a resumed run writes, config.toml describes it
             promote_config(self.ctx.paths, self.ctx.config)
             self._install(tmp, final)
+        except Exception as exc:
+            full = disk_full(exc, tmp, f"{self.what} of step {step}")  # before the cleanup
+            shutil.rmtree(tmp, ignore_errors=True)
+            if full is not None:
+                raise full from exc
+            raise
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -15,12 +15,14 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from shoal.errors import EXIT_OK, ShoalError
 
 
 def _train(args: argparse.Namespace) -> int:
-    if _starts_workers(args):
+    config = _new_run_config(args)
+    if _starts_workers(args, config):
         from shoal.launch.start import start_server_early
 
         start_server_early()  # it imports torch while this process does (launch/start.py)
@@ -31,9 +33,9 @@ def _train(args: argparse.Namespace) -> int:
     from shoal.monitor.summary import print_summary
 
     results = train(
-        args.config,
+        config if config is not None else args.config,  # validated once, here
         workers=args.workers,
-        overrides=args.set,
+        overrides=() if config is not None else args.set,
         resume=args.resume,
         force=args.force,
         allow_changes=args.allow_changes,
@@ -51,35 +53,66 @@ def _train(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _starts_workers(args: argparse.Namespace) -> bool:
+def _new_run_config(args: argparse.Namespace) -> Any:
+    """A new run's config, loaded and validated once (torch-free), named after its file as the
+    planner would name it; None for a resume (the planner reads the run's own) or a config in
+    error (the planner reports it, in one line)."""
+    if args.resume or args.config is None:
+        return None
+    from shoal.config import load_config
+    from shoal.config.loading import default_run_name
+    from shoal.errors import ShoalError
+
+    try:
+        config = load_config(args.config, args.set)
+    except ShoalError:
+        return None
+    if config.run.name is None:
+        run = config.run.model_copy(update={"name": default_run_name(args.config)})
+        config = config.model_copy(update={"run": run})
+    return config
+
+
+def _starts_workers(args: argparse.Namespace, config: Any) -> bool:
     """Whether `shoal train ARGS` will start worker processes here, judged from the config
-    alone, before torch is imported. A wrong guess costs time, never a wrong job: the
-    launcher decides for itself later (a config in error is reported there)."""
+    alone (its shape), before torch is imported. A wrong guess costs time, never a wrong
+    job: the launcher decides for itself later."""
     if "RANK" in os.environ or "SLURM_PROCID" in os.environ:
         return False  # a task of torchrun or srun: it joins a job, it starts nobody
     if args.workers is not None:
         return bool(args.workers > 1)
-    from shoal.config import load_config
-    from shoal.run import RunPaths
+    from shoal.shape.sizing import shape_of
 
-    try:
-        source = RunPaths(Path(args.resume)).config if args.resume else args.config
-        return bool(load_config(source, args.set).strategy.type != "local")
-    except Exception:  # a bad config or run directory: the launcher reports it, in one line
+    if config is None and args.resume:  # the run's own config says
+        from shoal.config import load_config
+        from shoal.run import RunPaths
+
+        try:
+            config = load_config(RunPaths(Path(args.resume)).config, args.set)
+        except Exception:  # a bad run directory: the planner reports it, in one line
+            return False
+    if config is None:
         return False
+
+    shape = shape_of(config)
+    return not (shape.in_process and shape.world_size == 1)
 
 
 def _validate(args: argparse.Namespace) -> int:
-    from shoal.config import load_config
-    from shoal.strategies.registry import strategy_class
+    """The planner without the launch: every rule the config alone decides, in one pass; then
+    the strategy's and task's classes, imported as a job would (a plugin that does not
+    import fails here, not in its workers)."""
+    from shoal.config.custom import section_class
+    from shoal.launch.plan import plan_job
+    from shoal.plugins.kinds import STRATEGIES, TASKS
 
-    config = load_config(args.file, args.set)
-    strategy = strategy_class(config.strategy)
-    strategy.check(config)
-    world = strategy.world_size(config)
+    plan = plan_job(args.file, args.set)
+    config, world = plan.config, plan.world_size
+    section_class(STRATEGIES, config.strategy)
+    section_class(TASKS, config.task)
     print(
         f"{args.file}: valid (task {config.task.type}, strategy {config.strategy.type}, "
-        f"{world} worker{'s' if world > 1 else ''})"
+        f"{world} worker{'s' if world > 1 else ''}{plan.shape.describe_members()})"
     )
     return EXIT_OK
 

@@ -55,7 +55,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.errors import PeerFailed
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 
 _SOURCE_LOCATION = re.compile(r"\[[^\]]*\.(?:cc|cpp|h|hpp):\d+\]\s*")
 

@@ -18,6 +18,10 @@ from shoal.config.schema_walk import annotation_at, is_text
 from shoal.errors import ConfigError
 
 ConfigSource = str | Path | Mapping[str, Any] | ShoalConfig
+NESTED_TOO_DEEP = (
+    "arrays or tables nested too deeply to read (a config needs a few levels; look for a "
+    "run of '[' or '{')"
+)
 
 
 def read_toml(path: Path) -> tuple[dict[str, Any], str]:
@@ -48,6 +52,8 @@ def read_toml(path: Path) -> tuple[dict[str, Any], str]:
                 f"{path}:{found.group(1)}: invalid TOML: {detail} (column {found.group(2)})"
             ) from None
         raise ConfigError(f"{path}: invalid TOML: {message}") from None
+    except RecursionError:  # tomllib recurses once per level of nesting
+        raise ConfigError(f"{path}: invalid TOML: {NESTED_TOO_DEEP}") from None
     return data, text
 
 
@@ -71,6 +77,8 @@ def parse_override(item: str, data: Mapping[str, Any]) -> tuple[tuple[str, ...],
         return path, tomllib.loads(f"value = {raw}")["value"]
     except tomllib.TOMLDecodeError:
         return path, raw  # not a TOML value: validation says what type was expected
+    except RecursionError:
+        raise ConfigError(f"--set {key.strip()}: {NESTED_TOO_DEEP}") from None
 
 
 def apply_overrides(data: dict[str, Any], overrides: Sequence[str]) -> list[tuple[str, ...]]:

@@ -15,11 +15,18 @@ from pydantic import BaseModel, ValidationError
 from shoal.config.base import FieldError, fields_by_key
 from shoal.config.schema_walk import model_at, union_tags
 
-_HEADER = re.compile(r"^\s*\[\[?\s*([^\]\[]+?)\s*\]\]?\s*(#.*)?$")
+# Every pattern here is linear in the line it scans (a config may hold a 300 KB string
+# or a 10 MB key): no two adjacent parts can match the same characters, so a failed
+# match never retries a quadratic number of splits.
+_HEADER = re.compile(r"^\s*\[\[?([^\]\[]*)\]\]?\s*(#.*)?$")
 _KEY = re.compile(
     r"^\s*((?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*')(?:\s*\.\s*(?:[A-Za-z0-9_-]+|\"[^\"]*\"|'[^']*'))*)\s*="
 )
-_INLINE_KEY = re.compile(r"([A-Za-z0-9_-]+)\s*=")
+_INLINE_KEY = re.compile(r"[{,]\s*([A-Za-z0-9_-]+)\s*=")  # a key opens a table or follows a comma
+#: how much of a value or key a message echoes (the rest is counted, not printed)
+ECHO_CHARS = 60
+#: a validator's own message longer than this quotes the user's input at length
+MESSAGE_CHARS = 600
 
 
 def _split_key(key: str) -> tuple[str, ...]:
@@ -38,8 +45,8 @@ def locate_keys(text: str) -> dict[tuple[str, ...], int]:
     table: tuple[str, ...] = ()
     for number, line in enumerate(text.splitlines(), start=1):
         header = _HEADER.match(line)
-        if header:
-            table = _split_key(header.group(1))
+        if header and header.group(1).strip():
+            table = _split_key(header.group(1).strip())
             lines.setdefault(table, number)
             continue
         key = _KEY.match(line)
@@ -53,13 +60,37 @@ def locate_keys(text: str) -> dict[tuple[str, ...], int]:
     return lines
 
 
+def shorten(text: str, limit: int = ECHO_CHARS) -> str:
+    """`text` as a message echoes it: whole when short, else its start and its length."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text):,} characters)"
+
+
+def echo(value: Any) -> str:
+    """A user's value as a message shows it: its repr, shortened (never a whole 300 KB
+    string); an array or table only when it is short and flat (the repr of a deeply
+    nested array recurses)."""
+    if isinstance(value, str) and len(value) > ECHO_CHARS:
+        return f"{value[:ECHO_CHARS]!r}... ({len(value):,} characters)"
+    if isinstance(value, list | dict):
+        items = value.values() if isinstance(value, dict) else value
+        flat = len(value) < 8 and not any(isinstance(v, list | dict) for v in items)
+        shown = repr(value) if flat else ""
+        return (
+            shown
+            if shown and len(shown) < 40
+            else ("[...]" if isinstance(value, list) else "{...}")
+        )
+    return shorten(repr(value))
+
+
 def _describe(value: Any) -> str:
     names = {str: "string", bool: "boolean", int: "integer", float: "float", list: "array"}
     if isinstance(value, dict):
         return "a table"
     kind = names.get(type(value), type(value).__name__)
-    shown = repr(value) if not isinstance(value, list | dict) or len(repr(value)) < 40 else "[...]"
-    return f"{shown} ({kind})"
+    return f"{echo(value)} ({kind})"
 
 
 def _clean_path(loc: Sequence[str | int], data: Any, root: type[BaseModel]) -> list[str | int]:
@@ -86,9 +117,13 @@ def _clean_path(loc: Sequence[str | int], data: Any, root: type[BaseModel]) -> l
 
 
 def dotted(path: Sequence[str | int]) -> str:
+    """`a.b[0].c`; a key longer than a message shows is shortened."""
     text = ""
     for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else part)
+        if isinstance(part, int):
+            text += f"[{part}]"
+        else:
+            text += f".{shorten(part)}" if text else shorten(part)
     return text
 
 
@@ -105,14 +140,15 @@ def _message(error: Any, path: list[str | int], root: type[BaseModel], data: Any
         return "required, but missing"
     if kind == "extra_forbidden":
         allowed = _allowed_keys(root, path[:-1], data)
-        close = difflib.get_close_matches(str(path[-1]), allowed, n=1)
+        wrong = str(path[-1])
+        close = difflib.get_close_matches(wrong, allowed, n=1) if len(wrong) < 100 else []
         hint = f"did you mean '{close[0]}'? " if close else ""
         return f"unknown key; {hint}allowed here: {', '.join(allowed)}"
     if kind in ("union_tag_invalid", "union_tag_not_found"):
         expected = ", ".join(union_tags(root, path[:-1], data))
         if kind == "union_tag_not_found":
             return f"required, but missing; choose one of: {expected}"
-        return f"unknown value {ctx.get('tag')!r}; choose one of: {expected}"
+        return f"unknown value {echo(ctx.get('tag'))}; choose one of: {expected}"
     if kind == "literal_error":
         return f"must be one of {ctx.get('expected')}, got {_describe(value)}"
     bounds = {
@@ -123,7 +159,7 @@ def _message(error: Any, path: list[str | int], root: type[BaseModel], data: Any
     }
     if kind in bounds:
         symbol, key = bounds[kind]
-        return f"must be {symbol} {ctx.get(key):g}, got {value!r}"
+        return f"must be {symbol} {ctx.get(key):g}, got {echo(value)}"
     types_ = {
         "int_type": "an integer",
         "int_from_float": "a whole number",
@@ -138,14 +174,14 @@ def _message(error: Any, path: list[str | int], root: type[BaseModel], data: Any
     if kind in types_:
         return f"must be {types_[kind]}, got {_describe(value)}"
     if kind == "string_pattern_mismatch":
-        return f"must match {ctx.get('pattern')}, got {value!r}"
+        return f"must match {ctx.get('pattern')}, got {echo(value)}"
     if kind in ("too_short", "too_long"):
         count = ctx.get("min_length", ctx.get("max_length"))
         got = len(value) if isinstance(value, list) else value
         return f"must have {count} items, got {got}"
     if kind == "value_error":
-        return str(ctx.get("error", error["msg"]))
-    return str(error["msg"])
+        return shorten(str(ctx.get("error", error["msg"])), MESSAGE_CHARS)
+    return shorten(str(error["msg"]), MESSAGE_CHARS)
 
 
 def format_errors(

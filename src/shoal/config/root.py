@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel
+from shoal.config.base import RESUME_FIXED, RESUME_SAFE, ConfigModel, FieldError
 from shoal.config.custom import custom_section, own_config
 from shoal.config.sections import CheckpointConfig, FaultsConfig, MonitorConfig, RunConfig
 from shoal.config.train import TrainConfig
@@ -31,26 +31,55 @@ def _strategy_help() -> str:
     return f'How the work is distributed: type = {names}, or "custom" with class = "module:Class".'
 
 
+def _watching(section: type[ConfigModel], description: str) -> Any:
+    """A section around the training a resume may change freely, all defaults allowed."""
+    return Field(default_factory=section, description=description, json_schema_extra=RESUME_SAFE)
+
+
 class ShoalConfig(ConfigModel):
     """A training job: what to train ([task]), how to distribute it ([strategy]), how long."""
 
-    task: TaskConfig = Field(..., description="What is trained: model, data and loss.")
-    strategy: StrategyConfig = Field(default_factory=_LOCAL, description=_strategy_help())
+    task: TaskConfig = Field(
+        ..., description="What is trained: model, data and loss.", json_schema_extra=RESUME_FIXED
+    )
+    strategy: StrategyConfig = Field(
+        default_factory=_LOCAL, description=_strategy_help(), json_schema_extra=RESUME_FIXED
+    )
     train: TrainConfig = Field(..., description="Optimization: steps, batch, optimizer.")
-    checkpoint: CheckpointConfig = Field(
-        default_factory=CheckpointConfig, description="When checkpoints are written."
-    )
-    run: RunConfig = Field(default_factory=RunConfig, description="Run directory and devices.")
-    monitor: MonitorConfig = Field(default_factory=MonitorConfig, description="Progress and logs.")
-    faults: FaultsConfig = Field(
-        default_factory=FaultsConfig, description="Timeouts and fault injection."
-    )
+    # how often, where and how it is watched: a resume may change any of it
+    checkpoint: CheckpointConfig = _watching(CheckpointConfig, "When checkpoints are written.")
+    run: RunConfig = _watching(RunConfig, "Run directory and devices.")
+    monitor: MonitorConfig = _watching(MonitorConfig, "Progress and logs.")
+    faults: FaultsConfig = _watching(FaultsConfig, "Timeouts and fault injection.")
 
     @model_validator(mode="after")
     def _across_sections(self) -> ShoalConfig:
-        """Each plugin's own rules between sections: its config's `check` (see ConfigModel)."""
-        for section in (self.strategy, self.task):
+        """Each plugin's own rules between sections: its config's `check` (see ConfigModel);
+        then the elastic floor against the job's shape."""
+        for section in (self.task, self.strategy):  # the task first: a strategy asks it
             check = getattr(own_config(section), "check", None)
             if check is not None:
                 check(self)
+        self._check_floor()
         return self
+
+    def _check_floor(self) -> None:
+        """`faults.min_workers` needs a strategy that can go on with fewer workers, and no
+        more workers than the job has."""
+        floor = self.faults.min_workers
+        if not floor:
+            return
+        section = own_config(self.strategy)
+        if not getattr(section, "elastic", False):
+            raise FieldError(
+                ("faults", "min_workers"),
+                f"strategy '{self.strategy.type}' cannot go on with fewer workers than it "
+                "started with; remove min_workers (restarts keep every worker)",
+            )
+        workers = section.shape(self).workers
+        if floor > workers:
+            raise FieldError(
+                ("faults", "min_workers"),
+                f"{floor} is more than the job's {workers} workers; set it to at most "
+                f"{workers} (0: never shrink)",
+            )

@@ -2,16 +2,45 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel, fill_default_tag
+from shoal.config.base import RESUME_SAFE, ConfigModel, fill_default_tag
 
 
-class SGDConfig(ConfigModel):
+class _Optimizer(ConfigModel):
+    """What every optimizer section says: the torch optimizer it builds, and with what."""
+
+    #: the class in `torch.optim` this section builds
+    torch_class: ClassVar[str]
+
+    def arguments(self) -> dict[str, Any]:
+        """Keyword arguments of `torch_class`: the section's fields (betas as a pair)."""
+        fields = self.model_dump(exclude={"kind"})
+        if "betas" in fields:
+            fields["betas"] = tuple(fields["betas"])
+        return fields
+
+
+class _Betas(ConfigModel):
+    """Adam's moment decay rates."""
+
+    betas: list[float] = Field(
+        [0.9, 0.999], min_length=2, max_length=2, description="[beta1, beta2], each in [0, 1)."
+    )
+
+    @model_validator(mode="after")
+    def _betas_in_range(self) -> _Betas:
+        if not all(0 <= b < 1 for b in self.betas):
+            raise ValueError(f"betas must each lie in [0, 1), got {self.betas}")
+        return self
+
+
+class SGDConfig(_Optimizer):
     """Stochastic gradient descent, optionally with (Nesterov) momentum."""
 
+    torch_class: ClassVar[str] = "SGD"
     kind: Literal["sgd"] = "sgd"
     lr: float = Field(0.01, gt=0, description="Learning rate (peak, after warm-up).")
     momentum: float = Field(0.0, ge=0, lt=1, description="Momentum factor in [0, 1).")
@@ -26,35 +55,29 @@ class SGDConfig(ConfigModel):
         return self
 
 
-class AdamConfig(ConfigModel):
+class AdamConfig(_Optimizer, _Betas):
     """Adam (Kingma & Ba, 2015)."""
 
+    torch_class: ClassVar[str] = "Adam"
     kind: Literal["adam"] = "adam"
     lr: float = Field(1e-3, gt=0, description="Learning rate (peak, after warm-up).")
-    betas: list[float] = Field(
-        [0.9, 0.999], min_length=2, max_length=2, description="[beta1, beta2], each in [0, 1)."
-    )
     eps: float = Field(1e-8, gt=0, description="Term added to the denominator.")
     weight_decay: float = Field(0.0, ge=0, description="L2 penalty added to the gradient.")
     amsgrad: bool = Field(False, description="Use the AMSGrad variant.")
-
-    @model_validator(mode="after")
-    def _betas_in_range(self) -> AdamConfig:
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"betas must each lie in [0, 1), got {self.betas}")
-        return self
 
 
 class AdamWConfig(AdamConfig):
     """AdamW: Adam with decoupled weight decay (Loshchilov & Hutter, 2019)."""
 
+    torch_class: ClassVar[str] = "AdamW"
     kind: Literal["adamw"] = "adamw"  # type: ignore[assignment]
     weight_decay: float = Field(0.01, ge=0, description="Decoupled weight decay.")
 
 
-class AdagradConfig(ConfigModel):
+class AdagradConfig(_Optimizer):
     """Adagrad (Duchi et al., 2011)."""
 
+    torch_class: ClassVar[str] = "Adagrad"
     kind: Literal["adagrad"] = "adagrad"
     lr: float = Field(0.01, gt=0, description="Learning rate (peak, after warm-up).")
     lr_decay: float = Field(0.0, ge=0, description="Adagrad's own learning-rate decay.")
@@ -63,22 +86,14 @@ class AdagradConfig(ConfigModel):
     initial_accumulator_value: float = Field(0.0, ge=0, description="Start of the sum of squares.")
 
 
-class SparseAdamConfig(ConfigModel):
+class SparseAdamConfig(_Optimizer, _Betas):
     """Lazy Adam for sparse gradients (torch's SparseAdam): moments of a row are updated only
     in the steps that use it. For embedding tables with sparse row gradients."""
 
+    torch_class: ClassVar[str] = "SparseAdam"
     kind: Literal["sparse_adam"] = "sparse_adam"
     lr: float = Field(1e-3, gt=0, description="Learning rate (peak, after warm-up).")
-    betas: list[float] = Field(
-        [0.9, 0.999], min_length=2, max_length=2, description="[beta1, beta2], each in [0, 1)."
-    )
     eps: float = Field(1e-8, gt=0, description="Term added to the denominator.")
-
-    @model_validator(mode="after")
-    def _betas_in_range(self) -> SparseAdamConfig:
-        if not all(0 <= b < 1 for b in self.betas):
-            raise ValueError(f"betas must each lie in [0, 1), got {self.betas}")
-        return self
 
 
 OptimizerConfig = Annotated[
@@ -111,9 +126,14 @@ class PlateauConfig(ConfigModel):
 class TrainConfig(ConfigModel):
     """How the model is optimized. `batch_size` is global: the same problem at any world size."""
 
-    epochs: int | None = Field(None, ge=1, description="Passes over the training data.")
+    epochs: int | None = Field(
+        None, ge=1, description="Passes over the training data.", json_schema_extra=RESUME_SAFE
+    )
     max_steps: int | None = Field(
-        None, ge=1, description="Optimizer steps to take; with `epochs`, whichever comes first."
+        None,
+        ge=1,
+        description="Optimizer steps to take; with `epochs`, whichever comes first.",
+        json_schema_extra=RESUME_SAFE,
     )
     batch_size: int = Field(
         ...,
@@ -127,7 +147,10 @@ class TrainConfig(ConfigModel):
         "their gradients; workers communicate only after the last one.",
     )
     eval_batch_size: int | None = Field(
-        None, ge=1, description="Batch size for evaluation (default: batch_size)."
+        None,
+        ge=1,
+        description="Batch size for evaluation (default: batch_size).",
+        json_schema_extra=RESUME_SAFE,
     )
     shuffle: bool = Field(True, description="Shuffle the training data every epoch (seeded).")
     drop_last: bool = Field(
@@ -156,16 +179,23 @@ class TrainConfig(ConfigModel):
         None, gt=0, description="Clip gradients to this global L2 norm (over all workers)."
     )
     eval_every_epochs: int = Field(
-        1, ge=0, description="Evaluate on the held-out split every N epochs (0: only at the end)."
+        1,
+        ge=0,
+        description="Evaluate on the held-out split every N epochs (0: only at the end).",
+        json_schema_extra=RESUME_SAFE,
     )
     early_stopping_patience: int | None = Field(
         None,
         ge=1,
         description="Stop when this many evaluations in a row have not improved the task's "
         "primary validation metric (unset: never stop early).",
+        json_schema_extra=RESUME_SAFE,
     )
     early_stopping_min_delta: float = Field(
-        0.0, ge=0, description="Smallest change of the metric that counts as an improvement."
+        0.0,
+        ge=0,
+        description="Smallest change of the metric that counts as an improvement.",
+        json_schema_extra=RESUME_SAFE,
     )
     seed: int = Field(0, ge=0, description="Seed for model initialization, shuffling and dropout.")
     mixed_precision: Literal["off", "bf16", "fp16"] = Field(

@@ -15,8 +15,9 @@ process group forms:
    anybody); anything else is refused, named in rank 0's log and answered with
    the reason, and the refused process ends with that line (exit 2);
 4. the process group then meets under a key prefix derived from the secret and
-   the nonce: a process without the secret cannot find its keys, let alone
-   overwrite one.
+   the nonce, its rendezvous values sealed (`runtime/sealed_store.py`): a process
+   without the secret can list those keys (any store client can) and overwrite
+   them, which ends the job in one line, but cannot feed the backend a value.
 
 Rank 0 keeps answering claims while the job runs (launch/hostwatch.py), so a
 late stray is refused and named too. Without a secret (neither SHOAL_JOB_SECRET

@@ -28,16 +28,16 @@ import torch.distributed as dist
 from shoal.checkpoint.atomic import atomic_write_bytes
 from shoal.checkpoint.integrity import read_meta
 from shoal.config import ShoalConfig, dump_config
-from shoal.errors import JobFailed, RunStopped, ShoalError
+from shoal.errors import JobFailed, ShoalError
 from shoal.launch.admission import Claim, job_signer, join
+from shoal.launch.bootstrap import Arrival, Arrived, placed_context, run_worker
 from shoal.launch.environment import ExternalLaunch
 from shoal.launch.hostwatch import HostWatch, StoreAddress, end_process
-from shoal.launch.job import run_job
 from shoal.launch.network import resolve_bind, use_for_gloo
 from shoal.launch.plan import JobPlan, fit_plan
-from shoal.launch.process_group import join_process_group, shutdown_process_group
+from shoal.launch.process_group import join_process_group
 from shoal.launch.reports import is_communication_error, write_report
-from shoal.monitor.logs import close_logger, worker_logger
+from shoal.monitor.logs import worker_logger
 from shoal.recovery.rejoin import check_membership, mark_run, marked_run
 from shoal.recovery.replicas import newest_replica, remove_host_snapshots
 from shoal.recovery.restarts import newest_state
@@ -46,10 +46,9 @@ from shoal.run import RunPaths, create_run_dir
 from shoal.run.lock import RunLock
 from shoal.runtime.auth import Signer, new_secret
 from shoal.runtime.collectives import World, barrier, broadcast_bytes, gather_bytes
-from shoal.runtime.context import WorkerContext
-from shoal.runtime.hosts import Hosts
+from shoal.runtime.hosts import gather_hosts
 from shoal.runtime.stop import stop_on_signals
-from shoal.strategies.registry import strategy_class
+from shoal.shape.hosts import Hosts
 
 
 def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
@@ -91,30 +90,46 @@ def job_store(launch: ExternalLaunch, config: ShoalConfig) -> dist.Store:
 
 
 def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
-    placement = launch.placement
-    rank, world_size = placement.rank, placement.world_size
-    cls = strategy_class(plan.config.strategy)
-    described = plan.world_size, cls.members(plan.config)
-    plan, fitted = fit_plan(plan, world_size)  # roles for the processes started (a host lost)
-    config = plan.config
-    binding = resolve_bind(config.run.bind, launch.master_addr)
-    use_for_gloo(binding)
-    signer = job_signer(config.run)
-    store = job_store(launch, config)
-    where = f"{launch.master_addr}:{launch.master_port}"
-    me = Claim(rank, socket.gethostname(), binding.address)
-    admission, doors = join(
-        store, f"shoal/join/{launch.attempt}", signer, me, world_size,
-        config.faults.start_timeout_s, where,
-    )  # fmt: skip
-    group_store = dist.PrefixStore(admission.prefix, store)
-    device, backend = join_process_group(config, placement, group_store)
-    failed = False
-    held = ExitStack()
-    watch: HostWatch | None = None
-    try:
+    """This rank's part of a job torchrun or a Slurm step started: the one worker bootstrap
+    (`bootstrap.py`), arriving as such a launcher's ranks do."""
+    return run_worker(ExternalArrival(plan, launch))
+
+
+class ExternalArrival(Arrival):
+    """A rank another launcher started: admitted by the job's secret, placed by host, its
+    run directory claimed by rank 0, its host watched by heartbeats."""
+
+    def __init__(self, plan: JobPlan, launch: ExternalLaunch) -> None:
+        self.plan, self.launch = plan, launch
+        self.watch: HostWatch | None = None
+        self.store: dist.Store | None = None
+        self.paths: RunPaths | None = None
+        self.hosts: Hosts | None = None
+
+    def arrive(self, held: ExitStack) -> Arrived:
+        launch = self.launch
+        placement = launch.placement
+        rank, world_size = placement.rank, placement.world_size
+        described = self.plan.shape
+        # the roles of the processes started (a host lost or back)
+        plan, fitted = fit_plan(self.plan, world_size)
+        self.plan = plan
+        config = plan.config
+        binding = resolve_bind(config.run.bind, launch.master_addr)
+        use_for_gloo(binding)
+        signer = job_signer(config.run)
+        store = self.store = job_store(launch, config)
+        where = f"{launch.master_addr}:{launch.master_port}"
+        me = Claim(rank, socket.gethostname(), binding.address)
+        admission, doors = join(
+            store, f"shoal/join/{launch.attempt}", signer, me, world_size,
+            config.faults.start_timeout_s, where,
+        )  # fmt: skip
+        group_store = dist.PrefixStore(admission.prefix, store)
+        sealed = (signer, f"the job's store at {where}") if signer is not None else None
+        device, backend = join_process_group(config, placement, group_store, sealed)
         peers = World(rank, world_size, device if backend == "nccl" else torch.device("cpu"))
-        hosts = Hosts.gather(peers, binding.address)
+        hosts = self.hosts = gather_hosts(peers, binding.address)
         beats = admission.derived_signer("heartbeats") or _drawn_signer(peers)
         agents = {blob.decode() for blob in gather_bytes(peers, launch.agent.encode())}
         claim: dict[str, str | bool | None] = {}
@@ -126,9 +141,8 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
                 claim = {"error": str(exc)}
         announced = json.loads(broadcast_bytes(peers, json.dumps(claim).encode()).decode())
         if "error" in announced:
-            failed = True
             raise ShoalError(announced["error"])
-        paths = RunPaths(Path(announced["root"]))
+        paths = self.paths = RunPaths(Path(announced["root"]))
         paths.logs.mkdir(parents=True, exist_ok=True)  # other machines may not share the folder
         paths.checkpoints.mkdir(parents=True, exist_ok=True)
         barrier(peers)
@@ -147,9 +161,9 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
                 changed = {"error": str(exc)}
         changed = json.loads(broadcast_bytes(peers, json.dumps(changed).encode()).decode())
         if changed.get("error"):
-            failed = True
             raise ShoalError(str(changed["error"]))
         log = worker_logger(rank, paths.log_file(rank))
+        held.enter_context(stop_on_signals(log))
         log.info(
             "rank %d of %d joined (%s, %s on %s; store %s); gloo listens on %s; hosts: %s",
             rank,
@@ -161,15 +175,15 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             binding.describe(),
             hosts.describe(),
         )
-        if rank == 0 and described[0] != world_size:
+        if rank == 0 and described.world_size != world_size:
             log.warning(
                 "the config describes %d worker processes%s, %s started %d: the job runs on %d%s",
-                described[0],
-                _roles(described[1]),
+                described.world_size,
+                described.describe_members(),
                 launch.launcher,
                 world_size,
                 world_size,
-                _roles(cls.members(config)) if fitted else "",
+                plan.shape.describe_members() if fitted else "",
             )
         if changed.get("line"):
             log.warning("%s", changed["line"])
@@ -184,19 +198,16 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             for line in doors.refusals:
                 log.warning("%s", line)
             doors.log = log
-        watch = HostWatch(
+        watch = self.watch = HostWatch(
             StoreAddress(launch.master_addr, launch.master_port), rank, hosts, config.faults,
             beats, log, on_lost=lambda message: end_process(log, message), doors=doors,
             board=StatusBoard(paths, launch.max_restarts) if rank == 0 else None,
             restarts=launch.restart, max_restarts=launch.max_restarts,
         )  # fmt: skip
-        ctx = WorkerContext(
+        ctx = placed_context(
+            placement,
             config=config,
             paths=paths,
-            rank=rank,
-            world_size=world_size,
-            local_rank=placement.local_rank,
-            local_world_size=placement.local_world_size,
             device=device,
             backend=backend,
             launch_mode=launch.launcher,
@@ -207,39 +218,38 @@ def run_external(plan: JobPlan, launch: ExternalLaunch) -> dict[str, Any]:
             heartbeat=watch.heartbeat,
             restart=launch.restart,
         )
-        try:
-            with stop_on_signals(log):
-                results = run_job(ctx)
-            if hosts.ranks(hosts.host_of[rank])[0] == rank:  # the job is done: free the memory
-                remove_host_snapshots(paths)
-        except RunStopped as exc:
-            log.info("%s", exc)
-            raise
-        except Exception as exc:
-            failed = True
-            if is_communication_error(exc):  # a peer is gone: the watch may name its host
-                lost = watch.explain(within_s=config.faults.heartbeat_timeout_s + 2.0)
-                if lost is not None:  # (the watch is ending this process already)
-                    raise JobFailed(lost) from exc
-            log.exception("rank %d failed", rank)
-            write_report(paths.error_file(rank), rank, -1, exc)
-            raise
-        finally:
-            watch.finish(ok=not failed)
-            close_logger(log)
-        return results
-    finally:
-        shutdown_process_group(graceful=not failed)
-        held.close()
-        del store
+        return Arrived(ctx, log)
 
+    def completed(self) -> None:
+        """The job is done: the first rank of each host frees its host's snapshots."""
+        rank, hosts = self.launch.placement.rank, self.hosts
+        if (
+            hosts is not None
+            and self.paths is not None
+            and hosts.ranks(hosts.host_of[rank])[0] == rank
+        ):
+            remove_host_snapshots(self.paths)
 
-def _roles(members: dict[str, int]) -> str:
-    """' (2 workers, 1 server)' for a job of several roles; '' for workers alone."""
-    if list(members) == ["workers"]:
-        return ""
-    named = (f"{n} {role.removesuffix('s') if n == 1 else role}" for role, n in members.items())
-    return " (" + ", ".join(named) + ")"
+    def report(self, exc: Exception, arrived: Arrived | None) -> Exception | None:
+        """A peer gone: the watch may name its host (and is ending this process already);
+        else the error in this rank's log and its report beside it."""
+        if arrived is None:  # before the run directory was known: nothing to write into
+            return None
+        watch = self.watch
+        if watch is not None and is_communication_error(exc):
+            timeout = self.plan.config.faults.heartbeat_timeout_s + 2.0
+            lost = watch.explain(within_s=timeout)
+            if lost is not None:
+                return JobFailed(lost)
+        rank = arrived.ctx.rank
+        arrived.log.exception("rank %d failed", rank)
+        write_report(arrived.ctx.paths.error_file(rank), rank, -1, exc)
+        return None
+
+    def finish(self, ok: bool) -> None:
+        if self.watch is not None:
+            self.watch.finish(ok=ok)
+        self.store = None
 
 
 def _drawn_signer(peers: World) -> Signer:
@@ -262,8 +272,7 @@ def _membership(
     (recovery/rejoin.py)."""
     if not again or resume is None:
         return None
-    cls = strategy_class(plan.config.strategy)
-    now = cls.workers_in(plan.config, world_size)  # as the checkpoint counts them
+    now = plan.shape.workers  # as the checkpoint counts them (not dedicated servers)
     meta = read_meta(Path(resume))
     was, step = int(meta.get("world_size", now)), int(meta.get("step", -1))
     faults = plan.config.faults
@@ -274,7 +283,7 @@ def _membership(
         launch.restart,
         step,
         paths,
-        cls.elastic,
+        plan.shape.elastic,
         can_grow=not launch.agent_store,
     )
 

@@ -52,7 +52,7 @@ from shoal.launch.process_group import exit_process
 from shoal.recovery.status import RankStatus, StatusBoard
 from shoal.runtime.auth import BadValue, Opener, Signer
 from shoal.runtime.heartbeat import Beat, Heartbeat, heartbeat_key, parse_beat_detail
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 
 
 def done_key(signer: Signer, rank: int) -> str:

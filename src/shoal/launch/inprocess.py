@@ -8,6 +8,7 @@ from typing import Any
 import torch
 
 from shoal.config import ShoalConfig
+from shoal.config.custom import own_config
 from shoal.errors import RunStopped, ShoalError
 from shoal.launch.job import run_job
 from shoal.launch.process_group import pick_device
@@ -15,9 +16,8 @@ from shoal.launch.reports import write_report
 from shoal.monitor.logs import close_logger, worker_logger
 from shoal.run import RunPaths
 from shoal.runtime.context import WorkerContext
-from shoal.runtime.hosts import Hosts
 from shoal.runtime.stop import raise_now, stop_on_signals
-from shoal.strategies.registry import strategy_class
+from shoal.shape.hosts import Hosts
 
 
 def run_in_process(
@@ -82,7 +82,7 @@ def restarts_warning(config: ShoalConfig) -> str | None:
     if not idle:
         return None
     kind = config.strategy.type
-    field = strategy_class(config.strategy).workers_field
+    field = getattr(own_config(config.strategy), "workers_field", None)
     if kind == "local" or field is None:
         how = (
             'run it in one worker process: [strategy] type = "data_parallel", num_replicas = 1 '

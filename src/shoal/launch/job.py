@@ -2,27 +2,33 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from shoal.checkpoint.attempt import promote_config
+from shoal.config.custom import section_class
 from shoal.monitor.metrics import MetricsLog
+from shoal.plugins.kinds import STRATEGIES, TASKS
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything
-from shoal.runtime.roles import RankRoles
 from shoal.runtime.stop import raise_if_stopped
-from shoal.strategies.registry import strategy_class
-from shoal.tasks.registry import build_task
+from shoal.shape.roles import RankRoles
+from shoal.shape.sizing import shape_of
 
 
 def run_job(ctx: WorkerContext) -> dict[str, Any]:
     """Build the task (data) and the strategy, and run the strategy's loop.
 
-    A run that a stop request ended raises RunStopped (exit code 128 + signal) once its
-    results are written."""
+    The job's shape is computed here once, from the config and the hosts every rank
+    reported, and validated against the processes the job has; the strategy's roles are
+    its roles. A run that a stop request ended raises RunStopped (exit code 128 +
+    signal) once its results are written."""
+    shape = shape_of(ctx.config, ctx.hosts)
+    ctx = replace(ctx, shape=shape)
+    shape.roles.validate(ctx.world_size, f"strategy {ctx.config.strategy.type}")
     seed_everything(ctx.config.train.seed)  # user factories may draw random numbers
-    task = build_task(ctx)
-    strategy = strategy_class(ctx.config.strategy)(ctx)
-    strategy.roles.validate(ctx.world_size, f"strategy {ctx.config.strategy.type}")
+    task = section_class(TASKS, ctx.config.task)(ctx)
+    strategy = section_class(STRATEGIES, ctx.config.strategy)(ctx, shape)
     if ctx.is_main:
         ctx.log.info("roles: %s", strategy.roles.describe())
         _log_placement(ctx, strategy.roles)

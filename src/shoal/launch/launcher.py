@@ -11,9 +11,10 @@ error, and the other workers are killed. Nothing waits forever.
 
 With `[faults] max_restarts = N` the launcher does not stop there: a failure of
 the machinery (not a user's error) is followed by a new set of workers that
-resumes from the newest checkpoint (recovery/restarts.py says from where, after
-how long, and records what it cost). Each attempt has a store of its own (a
-fresh port: no value of a dead attempt is read as a sign of life), the workers
+resumes from the newest checkpoint. Whether, from where, after how long and with
+which ranks is recovery/policy.py's decision; the launcher only supervises. Each
+attempt has a store of its own (a fresh port: no value of a dead attempt is read
+as a sign of life), the workers
 are forked from the same forkserver (multiprocessing starts it again if it
 died), and the run's lock stays held by the launcher throughout: no other job
 can take the run between two attempts. The launcher keeps `status.json` in the
@@ -44,7 +45,7 @@ from typing import IO, Any
 import torch.distributed as dist
 
 from shoal.checkpoint.attempt import stage_config
-from shoal.config import ShoalConfig, load_config
+from shoal.config import ShoalConfig
 from shoal.errors import (
     EXIT_FAILURE,
     EXIT_HALTED,
@@ -53,20 +54,20 @@ from shoal.errors import (
     ShoalError,
     TrainingHalted,
 )
-from shoal.launch.plan import strategy_section
 from shoal.launch.process_group import LAUNCHER_ENV, loopback_interface
 from shoal.launch.reports import read_report
 from shoal.launch.start import WorkerProcess, start_worker
+from shoal.launch.store_guard import StoreGuard
 from shoal.launch.watch import STOPPED_STATES, StoreReader, existing, process_state
-from shoal.recovery.restarts import Failure, RestartLog, newest_state
+from shoal.recovery.policy import RecoveryPolicy
+from shoal.recovery.restarts import Failure
 from shoal.recovery.snapshots import create_snapshot_dir, remove_snapshot_dir
 from shoal.recovery.status import RankStatus, StatusBoard
 from shoal.run import RunPaths
 from shoal.runtime.auth import SECRET_ENV, Signer, new_secret
 from shoal.runtime.heartbeat import Beat
 from shoal.runtime.stop import STOP_SIGNALS, describe_stop, signal_name
-from shoal.strategies.base import Shrink
-from shoal.strategies.registry import strategy_class
+from shoal.shape.job import JobShape
 
 POLL_S = 0.1
 HEARTBEAT_CHECK_S = 0.5
@@ -105,7 +106,6 @@ class LocalLauncher:
         self._started_wall = time.time()
         self._stop_signal = 0  # a stop signal this launcher received (and forwarded)
         faults = self.config.faults
-        self.restarts = RestartLog(self.paths, faults)
         self.board = StatusBoard(self.paths, faults.max_restarts)
         self._state = "running"
         self._last_beats: dict[int, Beat | None] = {}
@@ -114,6 +114,8 @@ class LocalLauncher:
             self._snapshots: Path | None = create_snapshot_dir(self.paths)
         else:
             self._snapshots = None
+        self.policy = RecoveryPolicy(self.paths, self.config, self.resume_from, self._snapshots)
+        self.restarts = self.policy.restarts  # the restarts' records, for the board and lines
         try:
             with self._signals_forwarded():
                 while True:
@@ -160,6 +162,7 @@ class LocalLauncher:
             master_listen_fd=listener.detach(),
         )
         self.reader = StoreReader(store, Signer(self._secret), _notice)
+        self.guard = StoreGuard(f"the job's store at 127.0.0.1:{port}")
         try:
             for rank in range(self.world_size):
                 # a resumed run's folder may hold reports of an earlier failure: not this one's
@@ -175,28 +178,24 @@ class LocalLauncher:
             del self.reader
             del store
 
+    @property
+    def shape(self) -> JobShape:
+        """The job's shape, as the recovery policy last left it (a rank given up shrinks it)."""
+        return self.policy.shape
+
     def _recover(self, failure: Failure) -> str | None:
         """After a failed attempt: raise its error, or wait the backoff and return the
-        checkpoint the next attempt resumes from."""
-        self.restarts.failed(failure)
-        if self._stop_signal or not self.restarts.allows(failure):
-            if failure.restartable and self.restarts.count:
-                raise JobFailed(
-                    f"{failure.reason} (after {self.restarts.count} restarts: "
-                    f"faults.max_restarts = {self.config.faults.max_restarts})"
-                )
-            raise failure.error
-        try:
-            point = newest_state(self.paths, self.resume_from, self._snapshots)
-        except ShoalError as exc:
-            raise JobFailed(f"{failure.reason}; not restarted: {exc}") from None
-        self._shrink_if_lost(failure)
-        # an attempt whose first step after the restart never came made no progress
-        backoff = self.restarts.backoff_s(made_progress=self.restarts.pending_step is None)
-        _notice(self.restarts.restarting(failure, point, backoff))
+        checkpoint the next attempt resumes from (the policy decides; recovery/policy.py)."""
+        restart = self.policy.after(failure, stopping=bool(self._stop_signal))
+        if restart.shrunk is not None:  # a rank given up: the next attempt goes on without it
+            self.config = restart.shrunk.config
+            self.world_size = self.shape.world_size
+            self.config_file = stage_config(self.paths, self.config)
+        for line in restart.notices:
+            _notice(line)
         self._state = "restarting"
         self._update_board()
-        deadline = time.monotonic() + backoff
+        deadline = time.monotonic() + restart.backoff_s
         while time.monotonic() < deadline and not self._stop_signal:
             time.sleep(min(POLL_S, max(0.0, deadline - time.monotonic())))
         if self._stop_signal:  # a stop request while waiting: nothing runs, nothing to save
@@ -206,35 +205,7 @@ class LocalLauncher:
                 f"shoal train --resume {self.paths.root}",
             )
         self._state = "running"
-        return point.path
-
-    def _shrink_if_lost(self, failure: Failure) -> None:
-        """Elastic (`[faults] min_workers`): a rank that failed `max_rank_failures` times is
-        given up; the next attempt goes on without it (`Strategy.without_rank`: one worker
-        fewer with the same global batch, or for the parameter server one server fewer,
-        its rows re-sharded) and resumes from the same state."""
-        if failure.rank is None or not self._given_up(failure.rank, 0):
-            return
-        shrink = self._without(failure.rank)
-        if shrink is None:
-            return  # restarted with every rank: the floor is reached
-        self.config = load_config(self.config, shrink.overrides)
-        self.world_size = strategy_class(self.config.strategy).world_size(self.config)
-        self.config_file = stage_config(self.paths, self.config)
-        _notice(self.restarts.shrunk(failure, shrink.members, shrink.floor))
-
-    def _without(self, rank: int) -> Shrink | None:
-        """The job without `rank` (None: the floor is reached)."""
-        cls = strategy_class(self.config.strategy)
-        return cls.without_rank(self.config, rank, strategy_section(self.config))
-
-    def _given_up(self, rank: int | None, more: int) -> bool:
-        """Whether `rank` has failed `faults.max_rank_failures` times, counting `more` not
-        yet recorded (elastic only: without min_workers no rank is given up)."""
-        faults = self.config.faults
-        if rank is None or not faults.min_workers:
-            return False
-        return self.restarts.failures_by_rank.get(rank, 0) + more >= faults.max_rank_failures
+        return restart.point.path
 
     def _environment(self, rank: int, port: int) -> dict[str, str]:
         env = dict(os.environ)
@@ -338,6 +309,10 @@ class LocalLauncher:
                 lost = self._lost_worker(now, now - started)
                 if lost and self._restart_alone(self.workers[lost[0]], lost[1]):
                     lost = None
+                flooded = self.guard.check()
+                if flooded:  # not restarted: the next attempt's store would be flooded too
+                    self._kill()
+                    return Failure(JobFailed(flooded), None, -1, restartable=False)
                 if lost:
                     self._recovered()
                     rank, message = lost
@@ -352,10 +327,10 @@ class LocalLauncher:
 
     def _restart_alone(self, worker: _Worker, lost: str | None) -> bool:
         """A rank that died (or, `lost`: hung, stopped) restarted on its own while the others
-        run on, if its strategy can (`Strategy.restarts_alone`: a parameter server) and
-        `[faults]` allows another restart; False: the whole job fails or restarts."""
+        run on, when the recovery policy says so (`JobShape.restarts_alone`: a parameter
+        server, restarts left, the state intact); False: the whole job fails or restarts."""
         rank = worker.rank
-        alone, note = strategy_class(self.config.strategy).restarts_alone(self.config, rank)
+        alone, note = self.shape.restarts_alone(rank)
         if note:
             _notice(note)
         if not alone or self._stop_signal:
@@ -370,19 +345,13 @@ class LocalLauncher:
                 return False
             error = self._describe(worker, report, steps.get(rank, -1), [])
         failure = Failure(error, rank, step, restartable=True)
-        if not self.restarts.allows(failure):
+        point = self.policy.alone(failure)
+        if point is None:
             return False
-        if self._given_up(rank, 1) and self._without(rank):
-            return False  # given up: the job restarts without it (_shrink_if_lost)
-        try:
-            point = newest_state(self.paths, self.resume_from, self._snapshots)
-        except ShoalError:
-            return False  # the whole job fails or restarts, and says why
         if lost is not None:  # hung or stopped: its connections must close for the others
             with contextlib.suppress(ProcessLookupError):
                 worker.process.kill()
             worker.process.wait(timeout=KILL_GRACE_S)
-        self.restarts.failed(failure)
         _notice(self.restarts.restarting(failure, point, 0.0, alone=True))
         if worker.output is not None:
             worker.output.close()
@@ -587,11 +556,9 @@ class LocalLauncher:
         )
 
     def _who(self, rank: int) -> str:
-        """A rank as failure messages name it: with its role where the strategy has roles
+        """A rank as failure messages name it: with its role where the job's shape has roles
         (a pipeline's stage)."""
-        from shoal.strategies.registry import strategy_class  # strategies import the launch
-
-        return strategy_class(self.config.strategy).describe_rank(self.config, rank)
+        return self.shape.describe_rank(rank)
 
     def _kill(self) -> None:
         """End every worker still running, at once.

@@ -14,39 +14,34 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from shoal.checkpoint.atomic import atomic_write_bytes
-from shoal.checkpoint.changes import refuse_changes, resume_changes
+from shoal.checkpoint.changes import refuse_changes, resume_changes, resume_rules
 from shoal.checkpoint.integrity import read_meta
 from shoal.checkpoint.manager import META_FILE, find_checkpoint
 from shoal.config import ShoalConfig, dump_config, load_config
 from shoal.config.loading import ConfigSource, default_run_name
 from shoal.errors import ConfigError, ShoalError
 from shoal.run import RunPaths, create_run_dir
-from shoal.strategies.registry import strategy_class
+from shoal.shape.job import JobShape
+from shoal.shape.sizing import fitted_to, shape_of, with_workers
 
 
-@dataclass
+@dataclass(frozen=True)
 class JobPlan:
     config: ShoalConfig
-    world_size: int
-    in_process: bool
+    shape: JobShape  # the job's processes and roles, from the config alone
     run_name: str
     run_root: Path | None = None  # set for a resume; a fresh run's folder is created at launch
     resume_from: str | None = None  # checkpoint folder
     allow_changes: bool = False  # --allow-changes: a resume may change what the run trains
 
+    @property
+    def world_size(self) -> int:
+        return self.shape.world_size
 
-def strategy_section(config: ShoalConfig) -> str:
-    """Where the strategy's own fields live, for `--set` items: a plugin's under
-    "strategy.config" (`type = "custom"`)."""
-    return "strategy.config" if config.strategy.type == "custom" else "strategy"
-
-
-def _workers_override(config: ShoalConfig, workers: int | None) -> list[str]:
-    if workers is None:
-        return []
-    if workers < 1:
-        raise ConfigError(f"--workers: must be >= 1, got {workers}")
-    return strategy_class(config.strategy).workers_override(workers, strategy_section(config))
+    @property
+    def in_process(self) -> bool:
+        """The job runs inside the calling process (no worker processes)."""
+        return self.shape.in_process and self.shape.world_size == 1
 
 
 def resume_root(resume: str | Path) -> Path | None:
@@ -85,33 +80,18 @@ def plan_job(
         source = RunPaths(run_root).config
     if source is None:
         raise ConfigError("no config given: shoal train CONFIG.toml (or --resume RUN_DIR)")
-    config = load_config(source, overrides)
-    extra = _workers_override(config, workers)
-    if extra:
-        config = load_config(config, extra)
-    cls = strategy_class(config.strategy)
-    cls.check(config)
-    if config.faults.min_workers and not cls.elastic:
-        raise ConfigError(
-            f"faults.min_workers: strategy '{config.strategy.type}' cannot go on with fewer "
-            "workers than it started with; remove min_workers (restarts keep every worker)"
-        )
-    workers = cls.members(config)["workers"]
-    if config.faults.min_workers > workers:
-        raise ConfigError(
-            f"faults.min_workers: {config.faults.min_workers} is more than the job's "
-            f"{workers} workers; set it to at most {workers} (0: never shrink)"
-        )
+    config = load_config(source, overrides)  # validated once, every rule of the config's
+    if workers is not None:
+        if workers < 1:
+            raise ConfigError(f"--workers: must be >= 1, got {workers}")
+        config = with_workers(config, workers)  # a typed section, validated again
     if checkpoint is not None:  # the bytes are verified where they are read, by the workers
-        rules = cls.resume_rules(config)
-        changes = resume_changes(checkpoint, read_meta(checkpoint), config, rules)
+        changes = resume_changes(checkpoint, read_meta(checkpoint), config, resume_rules(config))
         refuse_changes(changes, checkpoint, allow_changes)
-    world_size = cls.world_size(config)
     name = config.run.name or default_run_name(source)
     return JobPlan(
         config,
-        world_size,
-        cls.in_process and world_size == 1,
+        shape_of(config),
         name,
         run_root,
         str(checkpoint) if checkpoint is not None else None,
@@ -119,14 +99,13 @@ def plan_job(
     )
 
 
-def fit_plan(plan: JobPlan, world_size: int) -> tuple[JobPlan, list[str]]:
-    """The plan for `world_size` processes, as another launcher (torchrun) started them,
-    with the `--set` items that made it (`Strategy.fit_world`; none: the plan as it is)."""
-    cls = strategy_class(plan.config.strategy)
-    extra = cls.fit_world(plan.config, world_size, strategy_section(plan.config))
-    if not extra:
-        return plan, []
-    return replace(plan, config=load_config(plan.config, extra), world_size=world_size), extra
+def fit_plan(plan: JobPlan, world_size: int) -> tuple[JobPlan, bool]:
+    """The plan for `world_size` processes, as another launcher (torchrun) started them, and
+    whether it had to change (the strategy's `fitted` section: a host lost or back)."""
+    config = fitted_to(plan.config, world_size)
+    if config is plan.config:
+        return plan, False
+    return replace(plan, config=config, shape=shape_of(config)), True
 
 
 def create_run(plan: JobPlan) -> RunPaths:

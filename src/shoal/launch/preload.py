@@ -36,4 +36,6 @@ _die_with_the_launcher()
 
 import torch._dynamo  # noqa: E402, F401  (see above: the first optimizer would import it)
 
-import shoal.launch.worker  # noqa: E402, F401  (imported for every worker forked from here)
+import shoal.launch.worker  # noqa: E402  (imported for every worker forked from here)
+import shoal.strategies.base  # noqa: E402, F401  (the driver, the step loop, the learner: every
+# strategy's worker runs them; launch/job.py finds the strategy by name, so imports none)

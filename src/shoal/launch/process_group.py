@@ -15,6 +15,8 @@ import torch.distributed as dist
 from shoal.config import ShoalConfig
 from shoal.config.sections import RunConfig
 from shoal.errors import ShoalError
+from shoal.runtime.auth import Signer
+from shoal.runtime.sealed_store import SealedStore
 
 #: set by shoal's own launcher in its workers' environment
 LAUNCHER_ENV = "SHOAL_LAUNCHER"
@@ -110,10 +112,18 @@ def choose_device(config: ShoalConfig, placement: Placement) -> tuple[torch.devi
 
 
 def join_process_group(
-    config: ShoalConfig, placement: Placement, store: dist.Store | None = None
+    config: ShoalConfig,
+    placement: Placement,
+    store: dist.Store | None = None,
+    sealed: tuple[Signer, str] | None = None,
 ) -> tuple[torch.device, str]:
-    """Pick device and backend, share the CPU cores, join the group; returns (device, backend)."""
+    """Pick device and backend, share the CPU cores, join the group; returns (device, backend).
+    `sealed`: the job's signer and the store's name: every group of the job then meets
+    through a SealedStore (runtime/sealed_store.py), so that a process without the job's
+    secret cannot feed the backend a rendezvous value."""
     device, backend = choose_device(config, placement)
+    if store is not None and sealed is not None:
+        store = SealedStore(store, *sealed)
     init_process_group(
         backend, placement.rank, placement.world_size, config.faults.timeout_s, store, device
     )

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint.atomic import atomic_write_json
+from shoal.checkpoint.space import DiskFull
 from shoal.errors import EXIT_FAILURE, PeerFailed, ShoalError
 
 #: less free space than this on the run's disk: a failed write is blamed on a full disk
@@ -78,7 +79,7 @@ def build_report(
     `folder`: where the run writes, checked for a full disk."""
     user_error = isinstance(exc, ShoalError)
     message = _first_line(exc)
-    full = isinstance(exc, OSError) and exc.errno == errno.ENOSPC
+    full = isinstance(exc, DiskFull) or (isinstance(exc, OSError) and exc.errno == errno.ENOSPC)
     if folder is not None and not user_error and not full:
         message += disk_note(folder)
     return {

@@ -73,7 +73,7 @@ TASKS = PluginRegistry(
         "tasks",
         "task",
         "type",
-        "shoal.tasks.base:Task",
+        "shoal.protocols.task:Task",
         (
             (
                 "classification",
@@ -86,6 +86,11 @@ TASKS = PluginRegistry(
                 "shoal.tasks.kge.config:KGETaskConfig",
             ),
             ("lm", "shoal.tasks.lm.task:LMTask", "shoal.tasks.lm.config:LMTaskConfig"),
+            (
+                "module",
+                "shoal.tasks.module.task:ModuleTask",
+                "shoal.tasks.module.config:ModuleTaskConfig",
+            ),
         ),
     )
 )

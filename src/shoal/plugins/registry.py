@@ -1,4 +1,5 @@
-"""One registry mechanism for every family users may extend, built-ins and plugins alike.
+"""One registry mechanism for every family of implementations found by name: the families
+users may extend (built-ins and plugins alike) and the closed choices inside one plugin.
 
 A *plugin* is an implementation (a strategy class, a task class, an aggregation
 method...) and the pydantic model of its config section. It comes from one of
@@ -56,6 +57,9 @@ class Kind:
     #: "module:Class" every config model must subclass (None: any pydantic model): the
     #: options every member shares, which the code around it reads (a KG model's `reciprocal`)
     config_base: str | None = None
+    #: a closed choice inside one plugin (a federated aggregation, a KGE training type): its
+    #: built-ins only, no entry points; users extend it by writing their own strategy or task
+    closed: bool = False
 
     @property
     def group(self) -> str:
@@ -67,7 +71,10 @@ def import_target(target: str) -> Any:
     module_name, sep, attr = target.partition(":")
     if not sep or not module_name or not attr:
         raise ValueError(f"{target!r} is not of the form 'package.module:Class'")
-    value: Any = importlib.import_module(module_name)
+    try:
+        value: Any = importlib.import_module(module_name)
+    except SystemExit as exc:  # a module that ends the process when imported is broken
+        raise ImportError(f"{module_name} called sys.exit({exc.code!r}) while imported") from None
     for part in attr.split("."):
         value = getattr(value, part)
     return value
@@ -194,6 +201,8 @@ class PluginRegistry:
         found: dict[str, Plugin] = {}
         for name, target, config in self.kind.builtins:
             found[name] = Plugin(self.kind, name, "built-in", target, config)
+        if self.kind.closed:
+            return found
         for entry in sorted(metadata.entry_points(group=self.kind.group), key=lambda e: e.name):
             plugin = Plugin(
                 self.kind,
@@ -237,6 +246,8 @@ class PluginRegistry:
             return self.plugins[name]
         except KeyError:
             known = ", ".join(self.plugins) or "(none)"
+            if self.kind.closed:
+                raise PluginError(f"unknown {self.kind.noun} {name!r}; known: {known}") from None
             raise PluginError(
                 f"unknown {self.kind.noun} {name!r}; registered: {known} (`shoal plugins` "
                 "lists them with where each comes from)"
@@ -258,3 +269,18 @@ class PluginRegistry:
         if len(models) == 1:
             return models[0]
         return Annotated[typing.Union[tuple(models)], Field(discriminator=self.kind.tag)]  # noqa: UP007
+
+
+def closed_choice(
+    noun: str, tag: str, module: str, config_module: str, members: dict[str, tuple[str, str]]
+) -> PluginRegistry:
+    """A closed choice inside one plugin (a federated aggregation method, a KGE training
+    type): `members` maps each name to (its implementation in `module`, its config class in
+    `config_module`); no entry points."""
+    builtins = tuple(
+        (name, f"{module}:{implementation}", f"{config_module}:{config}")
+        for name, (implementation, config) in members.items()
+    )
+    return PluginRegistry(
+        Kind(noun.replace(" ", "_") + "s", noun, tag, None, builtins, closed=True)
+    )

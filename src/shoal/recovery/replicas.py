@@ -38,7 +38,7 @@ from shoal.errors import ShoalError
 from shoal.recovery.snapshots import SHM
 from shoal.run import RunPaths
 from shoal.runtime.collectives import World, barrier, broadcast_bytes, gather_bytes
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 
 _NAME = struct.Struct("<H")
 _SIZE = struct.Struct("<Q")

@@ -17,7 +17,9 @@ failed, restarting, done, stopped (what the launcher saw).
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -29,6 +31,9 @@ from shoal.run import RunPaths
 from shoal.run.lock import alive_here
 
 STATUS_FILE = "status.json"
+#: what a terminal would act on instead of print: C0 and C1 controls (escape sequences
+#: start with ESC or CSI), DEL, and the bidirectional overrides that reorder what is shown
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u200e\u200f\u202a-\u202e\u2066-\u2069]")
 #: the job's states; the first two mean a launcher is (or was, if it died) in charge
 JOB_STATES = ("running", "restarting", "done", "failed", "stopped")
 
@@ -89,35 +94,52 @@ def read_status(paths: RunPaths) -> dict[str, Any]:
     return data
 
 
+def printable(value: object) -> str:
+    """`value` as text a terminal shows as it is: each control character becomes its
+    escape (`\\x1b`). status.json lies in the run directory, which anyone who can write
+    there can edit: a role of "\\x1b]52;..." must not reach the terminal that prints it."""
+    return _CONTROL.sub(lambda m: ascii(m.group())[1:-1], str(value))
+
+
+def _seconds_ago(now: float, then: object) -> float | None:
+    if isinstance(then, bool) or not isinstance(then, int | float) or not math.isfinite(then):
+        return None
+    return max(0.0, now - then)
+
+
 def status_lines(paths: RunPaths, now: float | None = None) -> list[str]:
-    """What `shoal status` prints: a header line, then a table of the ranks."""
+    """What `shoal status` prints: a header line, then a table of the ranks (every field
+    read from the file made printable)."""
     data = read_status(paths)
     now = time.time() if now is None else now
-    state = str(data.get("state"))
+    state = printable(data.get("state"))
     launcher = data.get("launcher")  # {pid, host}: as the run lock names its holder
     gone = isinstance(launcher, dict) and not alive_here(launcher)
-    if state in ("running", "restarting") and gone:
+    running = state in ("running", "restarting")
+    updated = _seconds_ago(now, data.get("updated", now))
+    if running and gone:
         state += " (its launcher is gone: the job ended without finishing)"
-    elif state in ("running", "restarting"):
-        state += f" (updated {max(0.0, now - float(data.get('updated', now))):.1f} s ago)"
+    elif running:
+        state += f" (updated {updated:.1f} s ago)" if updated is not None else " (updated ?)"
     header = (
-        f"{paths.root}: {state}; restarts {data.get('restarts', 0)} of "
-        f"{data.get('max_restarts', 0)} (faults.max_restarts)"
+        f"{printable(paths.root)}: {state}; restarts {printable(data.get('restarts', 0))} of "
+        f"{printable(data.get('max_restarts', 0))} (faults.max_restarts)"
     )
     rows = [("rank", "role", "state", "step", "heartbeat", "restarts", "failures")]
     for rank in data["ranks"]:
-        beat = rank.get("beat")
-        age = f"{max(0.0, now - beat):.1f} s ago" if isinstance(beat, (int, float)) else "-"
+        if not isinstance(rank, dict):
+            continue
+        age = _seconds_ago(now, rank.get("beat"))
         step = rank.get("step", -1)
         rows.append(
             (
-                str(rank.get("rank")),
-                str(rank.get("role")),
-                str(rank.get("state")),
+                printable(rank.get("rank")),
+                printable(rank.get("role")),
+                printable(rank.get("state")),
                 str(step) if isinstance(step, int) and step >= 0 else "-",
-                age,
-                str(rank.get("restarts", 0)),
-                str(rank.get("failures", 0)),
+                f"{age:.1f} s ago" if age is not None else "-",
+                printable(rank.get("restarts", 0)),
+                printable(rank.get("failures", 0)),
             )
         )
     widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]

@@ -28,6 +28,9 @@ WIDTH, WIDE, HEIGHT = 6.4, 12.8, 3.0  # inches: a chart, a wide one (alone in it
 STYLE: Any = {  # rcParams (Any: matplotlib types the keys as literals)
     "svg.fonttype": "none",
     "svg.hashsalt": "shoal-report",
+    # labels are names from a run's files (metrics, splits, run folders): a "$" is a
+    # dollar sign, never TeX that matplotlib would parse (and fail on: "acc$\\frac{$")
+    "text.parse_math": False,
     "font.size": 9,
     "axes.grid": True,
     "grid.alpha": 0.3,

@@ -94,14 +94,14 @@ def load_run(root: Path) -> RunData:
     config_text = _read_text(root / "config.toml")
     try:
         config = tomllib.loads(config_text) if config_text else {}
-    except tomllib.TOMLDecodeError:
+    except (tomllib.TOMLDecodeError, RecursionError):
         config = {}
     results = None
     results_text = _read_text(root / "results.json")
     if results_text:
         try:
             results = json.loads(results_text)
-        except ValueError:
+        except (ValueError, RecursionError):
             results = None  # being replaced (it is written atomically, so only if damaged)
     run = RunData(root, config_text, config, results if isinstance(results, dict) else None)
     run.events = read_events(metrics)
@@ -113,19 +113,26 @@ def read_events(path: Path) -> dict[str, list[dict[str, Any]]]:
     one a running job is writing) is skipped."""
     events: dict[str, list[dict[str, Any]]] = defaultdict(list)
     decode = json.JSONDecoder().decode
-    with open(path, encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                record = decode(line)
-            except ValueError:
-                continue
-            if isinstance(record, dict):
-                events[str(record.get("event", "?"))].append(record)
+    # a byte that is not UTF-8 makes its line unparsable (it has a U+FFFD in it, or its
+    # JSON still parses with one in a string), never the whole file unreadable
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                try:
+                    record = decode(line)
+                except (ValueError, RecursionError):
+                    continue
+                if isinstance(record, dict):
+                    events[str(record.get("event", "?"))].append(record)
+    except OSError as exc:
+        raise ShoalError(f"shoal report: {path}: cannot read: {exc.strerror}") from None
     return dict(events)
 
 
 def _read_text(path: Path) -> str:
+    """The file's text ("" when it is missing or unreadable); bytes that are not UTF-8
+    are shown as U+FFFD, and the text is then not parsed (see `load_run`)."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_bytes().decode("utf-8", errors="replace")
     except OSError:
         return ""

@@ -28,6 +28,7 @@ from shoal.report.figures import Series, bars, lines, stacked_bars
 from shoal.report.panels import Curve, Panel, charts, color, column, curve_series, label, table
 from shoal.report.panels import per_rank_means as means
 from shoal.report.runs import RunData
+from shoal.report.svg import UnsafeSvg, sanitized_svg
 
 MESH_STRATEGIES = ("pipeline", "tensor_parallel", "fully_sharded", "hybrid")
 #: an SPMD rank's step: the step loop's phases, named for what they hold under a mesh
@@ -164,7 +165,7 @@ def population_panel(runs: list[RunData]) -> Panel | None:
         members = _newest_generation(run.records("member"))
         rows = [
             [
-                m["member"],
+                m.get("member"),
                 m.get("score"),
                 _hyper(m.get("hyperparameters")),
                 m.get("parent"),
@@ -184,12 +185,8 @@ def population_panel(runs: list[RunData]) -> Panel | None:
         generation = members[0].get("generation") if members else "?"
         parts.append(
             title
-            + (
-                f'<div class="chart wide">{plot}</div>'
-                if plot
-                else "<p>population.svg not written yet</p>"
-            )
-            + f"<h4>generation {generation}, by member</h4>"
+            + (plot or "<p>population.svg not written yet</p>")
+            + f"<h4>generation {html.escape(str(generation))}, by member</h4>"
             + table(["member", "score", "hyperparameters", "copied from", "status"], rows)
             + (
                 "<h4>lineage: the newest exploit copies</h4>"
@@ -207,17 +204,27 @@ def population_panel(runs: list[RunData]) -> Panel | None:
 
 
 def _read_svg(run: RunData) -> str:
+    """population.svg as safe inline SVG (`svg.py`), or a line saying why it is not shown."""
+    path = run.root / "population.svg"
     try:
-        text = (run.root / "population.svg").read_text(encoding="utf-8")
-    except OSError:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
         return ""
-    start = text.find("<svg")
-    return text[start:] if start >= 0 else ""
+    except (OSError, ValueError) as exc:  # ValueError: not UTF-8
+        return f"<p>{html.escape(f'{path}: unreadable ({exc})')}</p>"
+    try:
+        return f'<div class="chart wide">{sanitized_svg(text)}</div>'
+    except UnsafeSvg as exc:
+        return f"<p>{html.escape(f'{path}: not shown: {exc}')}</p>"
 
 
 def _newest_generation(members: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    newest = max(int(m.get("generation", 0)) for m in members)
-    return [m for m in members if int(m.get("generation", 0)) == newest]
+    def generation(member: dict[str, Any]) -> int:
+        value = member.get("generation", 0)
+        return value if isinstance(value, int) else -1  # a line shoal did not write
+
+    newest = max(generation(m) for m in members)
+    return [m for m in members if generation(m) == newest]
 
 
 def _hyper(values: Any) -> str:

@@ -17,6 +17,7 @@ only in that case.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -48,7 +49,7 @@ class RunLock:
         return self._fd
 
     def acquire(self) -> RunLock:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        fd = self._open()
         deadline: float | None = None
         while True:
             try:
@@ -71,6 +72,24 @@ class RunLock:
         os.pwrite(fd, (json.dumps(info) + "\n").encode(), 0)
         self._fd = fd
         return self
+
+    def _open(self) -> int:
+        """The lock file, never followed through a link (a `run.lock` made a link to a
+        user's file would be truncated); what is in the way is named in one line."""
+        try:
+            return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o644)
+        except IsADirectoryError:
+            what = "is a folder"
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:
+                raise ShoalError(
+                    f"{self.path}: cannot open the run's lock: {exc.strerror}"
+                ) from None
+            what = "is a symbolic link"
+        raise ShoalError(
+            f"{self.path}: {what}, not the lock file shoal keeps there; move it out of the run "
+            "directory and run again"
+        )
 
     def release(self) -> None:
         if self._fd is not None:
@@ -102,6 +121,8 @@ def alive_here(holder: dict[str, object]) -> bool:
     still be exiting); anything unknown counts as alive."""
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int):
+        return True
+    if not 0 < pid < 2**31:  # not a process id (0 and negatives would name process groups)
         return True
     try:
         os.kill(pid, 0)

@@ -11,8 +11,9 @@ from one key to another) and the counter is newer than the last it accepted on
 that key (so a copy of an old valid value, replayed later, is refused). The
 counter starts at the writer's clock in nanoseconds, so a restarted writer
 still counts upwards. The keys themselves carry a tag derived from the secret
-(`Signer.key_name`), so a process without it cannot even find them to overwrite
-a genuine value with garbage.
+(`Signer.key_name`), which keeps two jobs' keys apart but hides nothing: any
+client lists a store's keys (`TCPStore.list_keys()`). What it writes there is
+refused, never believed.
 
 The environment of a process can be read by other processes of the same user
 (`/proc/<pid>/environ`): the secret keeps out other users' processes and

@@ -10,7 +10,8 @@ import torch
 
 from shoal.config import ShoalConfig
 from shoal.run import RunPaths
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
+from shoal.shape.job import JobShape
 
 if TYPE_CHECKING:
     from shoal.runtime.heartbeat import Heartbeat
@@ -52,8 +53,15 @@ class WorkerContext:
     #: the job's store (a torch.distributed Store) under shoal's launcher, else None
     store: Any = None
     #: this process replaces a rank that died while the others kept running (the launcher
-    #: restarted it alone, `Strategy.restarts_alone`): it joined no process group of the job
+    #: restarted it alone, `JobShape.restarts_alone`): it joined no process group of the job
     rejoin: bool = False
+    #: the job's shape (`shape/job.py`), computed once when the worker starts its job; its
+    #: roles are the strategy's, its rank labels name a rank in a halt's message
+    shape: JobShape | None = None
+
+    def describe_rank(self, rank: int) -> str:
+        """How messages name `rank`: with its role where the job's shape has roles."""
+        return self.shape.describe_rank(rank) if self.shape is not None else f"rank {rank}"
 
     @property
     def is_main(self) -> bool:

@@ -13,7 +13,7 @@ import math
 import numpy as np
 import torch
 
-from shoal.tasks.base import rank_slice
+from shoal.protocols.task import rank_slice
 
 
 class EpochPlan:

@@ -68,10 +68,6 @@ class GradientSync(ABC):
         `nonfinite.agree_on_step`). Only `norm_share`'s syncs are given a share."""
         return Agreement(self.nonfinite())
 
-    def describe_rank(self, rank: int) -> str:
-        """How a message names `rank` (a pipeline adds its stage)."""
-        return f"rank {rank}"
-
     def take_sent_bytes(self) -> int:
         """Bytes this rank sent since the last call (counted where shoal sends them)."""
         return 0

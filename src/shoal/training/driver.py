@@ -17,38 +17,43 @@ from __future__ import annotations
 import contextlib
 import math
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint.atomic import atomic_write_json
-from shoal.checkpoint.changes import ResumeRules
+from shoal.checkpoint.changes import resume_rules
 from shoal.checkpoint.manager import CheckpointManager
 from shoal.checkpoint.parts import FilePart, Fixed, RankRngs, StatePart, TaskFiles, load_parts
 from shoal.checkpoint.resume import open_resume
+from shoal.checkpoint.space import DiskFull
 from shoal.config import dump_config
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
+from shoal.protocols.task import Task
 from shoal.recovery.replicas import host_snapshot_dir, send_replica
 from shoal.recovery.snapshots import snapshot_dir
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.memory import peak_memory_bytes
 from shoal.runtime.stop import STOP, stop_record
-from shoal.tasks.base import Task
 from shoal.training.evaluation import evaluate_splits
 from shoal.training.loop import Plan, Run, UnitLoop
 from shoal.training.selection import Selection
 from shoal.training.state import TrainProgress
 
+#: builds a strategy's loop with what the driver gives it (`Run`)
+LoopFactory = Callable[[Run], UnitLoop]
+
 
 class Driver:
-    def __init__(
-        self, ctx: WorkerContext, task: Task, loop: UnitLoop, detail: str, rules: ResumeRules
-    ) -> None:
-        """`detail`: the strategy as logged; `rules`: what a resume may change (the
-        strategy's and task's lists, `checkpoint/changes.py`)."""
-        self.ctx, self.task, self.loop, self.detail, self.rules = ctx, task, loop, detail, rules
+    loop: UnitLoop  # built by `run`
+
+    def __init__(self, ctx: WorkerContext, task: Task, make_loop: LoopFactory, detail: str) -> None:
+        """`make_loop`: the strategy's loop, built once the driver's records exist;
+        `detail`: the strategy as logged."""
+        self.ctx, self.task, self.make_loop, self.detail = ctx, task, make_loop, detail
+        self.rules = resume_rules(ctx.config)  # what a resume may change (its fields say)
         self.progress = TrainProgress()
         self.last_eval: dict[str, dict[str, float]] = {}
         self.last_checkpoint: Path | None = None
@@ -64,8 +69,10 @@ class Driver:
         self.metrics = MetricsLog(ctx.paths.metrics, enabled=ctx.is_main, tensorboard=board)
         self.reporter = ProgressReporter(ctx.config.monitor.progress, ctx.is_main, 0, None)
         self.run_info = Run(ctx, self.task, self.progress, self.metrics, self.reporter, {})
+        loop: UnitLoop | None = None
         try:
-            self.plan = self.loop.setup(self.run_info)
+            loop = self.loop = self.make_loop(self.run_info)
+            self.plan = loop.plan
             self.reporter.total_steps, self.reporter.total_epochs = plan_totals(self.plan)
             self.checkpoints = CheckpointManager(ctx, ctx.config.checkpoint.keep_last)
             self.snapshots = _snapshots(ctx)
@@ -93,7 +100,8 @@ class Driver:
         finally:
             self.reporter.close()
             self.metrics.close()
-            self.loop.close()
+            if loop is not None:
+                loop.close()
         return self._finish(time.perf_counter() - started)
 
     def _loop(self) -> None:
@@ -169,8 +177,9 @@ class Driver:
 
     def _evaluate_now(self) -> None:
         p = self.progress
-        if self.plan.validation is not None:  # measured by the loop (a population's members)
-            self.last_eval.update(self.plan.validation())
+        measured = self.loop.validation()
+        if measured is not None:  # measured by the loop (a population's members)
+            self.last_eval.update(measured)
         else:
             evaluate_splits(
                 self.task,
@@ -250,10 +259,10 @@ class Driver:
     def _boundary(self) -> None:
         """Collective: the loop's work before a periodic checkpoint (once a position, and
         only while units remain)."""
-        hook, p = self.plan.before_checkpoint, self.progress
-        if hook is None or self._saved_step == p.global_step or self.loop.done():
+        p = self.progress
+        if self._saved_step == p.global_step or self.loop.done():
             return
-        hook()
+        self.loop.before_checkpoint()
 
     def _save(self) -> None:
         """Collective: a periodic checkpoint (once per position)."""
@@ -282,9 +291,27 @@ class Driver:
             return
         self._sync_time()
         with self._doing("checkpointing"):
-            written = manager.save(p.global_step, self._parts(), self._meta(), self._files())
+            try:
+                written = manager.save(p.global_step, self._parts(), self._meta(), self._files())
+            except DiskFull as exc:  # every rank: the manager agreed on it
+                self._snapshot_skipped(str(exc))
+                return
             if self.ctx.launch_mode != "shoal":  # across hosts: a copy on the next host
                 send_replica(self.ctx.rank, self.ctx.hosts, written, self.ctx.paths)
+
+    def _snapshot_skipped(self, reason: str) -> None:
+        """A snapshot only shortens what a restart repeats: one that does not fit in memory
+        is skipped with a warning (and a `snapshot_skipped` record), never a rank failure
+        that would burn a restart; the newest checkpoint or snapshot stays the restart's."""
+        if self.ctx.is_main:
+            self.ctx.log.warning(
+                "%s; training goes on, a restart resumes from the newest checkpoint or "
+                "snapshot (make room there, or snapshot less often: "
+                "faults.snapshot_every_steps)",
+                reason,
+            )
+            record = {"event": "snapshot_skipped", "step": self.progress.global_step}
+            self.metrics.write({**record, "reason": reason})
 
     def _save_best(self, manager: CheckpointManager) -> Path | None:
         """Collective: the current state into best/ (the selection calls it on improvement)."""
@@ -376,8 +403,10 @@ def _snapshots(ctx: WorkerContext) -> tuple[CheckpointManager, int] | None:
     if not every or ctx.launch_mode == "inprocess":
         return None
     if ctx.launch_mode == "shoal":
-        return CheckpointManager(ctx, 1, snapshot_dir(ctx.paths)), every
-    return CheckpointManager(ctx, 1, host_snapshot_dir(ctx.paths, create=ctx.is_main)), every
+        folder = snapshot_dir(ctx.paths)
+    else:
+        folder = host_snapshot_dir(ctx.paths, create=ctx.is_main)
+    return CheckpointManager(ctx, 1, folder, "in-memory snapshot", agree_on_full=True), every
 
 
 def finite(value: Any) -> Any:

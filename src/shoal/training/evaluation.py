@@ -15,7 +15,7 @@ from torch import nn
 
 from shoal.monitor.metrics import MetricsLog
 from shoal.monitor.progress import ProgressReporter
-from shoal.tasks.base import Task
+from shoal.protocols.task import Task
 
 
 def evaluate_splits(

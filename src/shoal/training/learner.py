@@ -22,11 +22,12 @@ from shoal.checkpoint.parts import Custom, FilePart, ModelPart, StatePart, colle
 from shoal.checkpoint.sharded import MARKER, load_plain_optimizer, sharded_part
 from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
-from shoal.tasks.base import LossOutput, Task
+from shoal.protocols.task import LossOutput, Task
 from shoal.training.balance import BatchShares
 from shoal.training.batching import local_share, micro_batches
 from shoal.training.clipping import clip_by_global_norm, clip_to_norm, global_norm
 from shoal.training.contracts import GradientSync
+from shoal.training.dropout import key_dropout
 from shoal.training.faults import straggle
 from shoal.training.meter import StepStats
 from shoal.training.nonfinite import describe_nonfinite
@@ -85,6 +86,9 @@ class Learner:
         self.sharded = sharded_part(model, self.optimizer)
         self._loaded_kind: str | None = None  # while loading: the saved optimizer's kind
         self._fresh: list[dict[str, Any]] = []  # while loading: the config's param groups
+        #: dropout masks keyed by sample and step (training/dropout.py), so that how a step's
+        #: batch is split over ranks and micro-batches does not change them
+        self.dropout_keys = key_dropout(model, train.seed)
 
     @property
     def lr(self) -> float:
@@ -98,6 +102,8 @@ class Learner:
         """
         started = time.perf_counter()
         self._data_s = 0.0
+        if self.dropout_keys is not None:
+            self.dropout_keys.step = global_step  # None: torch's own dropout
         unit = self.task.batch_unit
         if self.shares is not None:
             local = self.shares.local(global_batch, unit)
@@ -123,9 +129,10 @@ class Learner:
         nonfinite = agreed.nonfinite
         if nonfinite and self.train.on_nonfinite == "halt":
             where = f" at step {global_step}" if global_step is not None else ""
+            named = describe_nonfinite(nonfinite, self.task.ctx.describe_rank)
             raise TrainingHalted(
                 f"training halted{where}: non-finite gradients (NaN/Inf) on "
-                f"{describe_nonfinite(nonfinite, self.sync.describe_rank)}; every worker stopped "
+                f"{named}; every worker stopped "
                 "before the optimizer step, so the newest checkpoint is the last good state. "
                 "Resume from it with a "
                 "lower train.optimizer.lr or a train.grad_clip_norm, or set "
@@ -182,8 +189,12 @@ class Learner:
                 batch = self.task.train_batch(part)
                 self._data_s += time.perf_counter() - fetched
                 started = time.perf_counter()
+                if self.dropout_keys is not None:
+                    self.dropout_keys.rows = part
                 with self.precision.autocast():
                     out: LossOutput = self.task.loss(self.model, batch)
+                if self.dropout_keys is not None:
+                    self.dropout_keys.rows = None
                 if loss_scale == 1.0:
                     (out.loss_sum * scale).backward()
                 else:

@@ -1,11 +1,13 @@
 """The one loop shape: what a strategy's outer loop answers, and what the driver does with it.
 
-Design (issue 11, item 1; after torchtune's recipe interface and torchtitan's `train.py`).
-Every strategy's outer loop is a :class:`UnitLoop`: it sets itself up, runs one
+After torchtune's recipe interface and torchtitan's `train.py`.
+Every strategy's outer loop is a :class:`UnitLoop`: built with what it needs
+(the driver's :class:`Run`), it says what it is in one :class:`Plan`, runs one
 *unit* at a time (a step, a federated round, a population generation), names
 the parts of its state, hands over its *model of record*, and adds its own
-section to results.json. Everything around the units lives once, in
-:class:`~shoal.training.driver.Driver`:
+section to results.json. A loop writes only what differs from the defaults:
+`__init__` (its `plan`), `done`, `run_unit` and `model_of_record` at least.
+Everything around the units lives once, in :class:`~shoal.training.driver.Driver`:
 
 - progress display, metrics.jsonl, heartbeats;
 - the stop request (`runtime/stop.py`): after each unit the loop says what its
@@ -27,8 +29,8 @@ a :class:`~shoal.training.learner.Learner`; a parameter-server worker drives the
 same step loop with collaborators that live on the servers (a learner that
 pulls and pushes rows, shard files as a file part, a model of record whose best
 snapshot the servers hold); a pipeline schedule (issue 12) is a unit of
-micro-batches over stages with its own hooks only. A restart (issue 13)
-rebuilds the job with `setup` and loads the parts.
+micro-batches over stages with its own hooks only. A restart builds the loop
+again and loads the parts.
 
 Order after each unit (every rank alike): heartbeat; stop agreement (a stop
 writes a checkpoint and ends the run, skipping evaluation and testing);
@@ -39,7 +41,7 @@ redoes that epoch's end, as the uninterrupted run does.
 
 Where each strategy stands: local and data_parallel run the step loop
 (`steps.py`); parameter_server runs it with its collaborators
-(`strategies/parameter_server/collaborators.py`); federated runs its round loop
+(`strategies/parameter_server/worker_loop.py`); federated runs its round loop
 (`strategies/federated/loop.py`); population_based its generation loop
 (`strategies/population/loop.py`), whose `progress.global_step` counts
 training steps (`Plan.steps_per_unit`), whose validation is the best member's
@@ -50,7 +52,7 @@ sent to every rank for the test splits and artifacts.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -58,13 +60,14 @@ from typing import TYPE_CHECKING, Any, Protocol
 from torch import nn
 
 from shoal.checkpoint.parts import FilePart, StatePart
+from shoal.runtime.stop import STOP
 
 if TYPE_CHECKING:
     from shoal.checkpoint.resume import Resume
     from shoal.monitor.metrics import MetricsLog
     from shoal.monitor.progress import ProgressReporter
+    from shoal.protocols.task import Task
     from shoal.runtime.context import WorkerContext
-    from shoal.tasks.base import Task
     from shoal.training.state import TrainProgress
 
 
@@ -91,7 +94,7 @@ class Run:
 
 @dataclass
 class Plan:
-    """What a loop tells the driver once it is set up."""
+    """What a loop tells the driver once it is built: data only."""
 
     unit: str  # "step", "round", "generation": what positions and `every_steps` count
     total: int  # positions in the whole run (the progress display's end)
@@ -105,17 +108,9 @@ class Plan:
     #: checkpoint every this many units instead of `[checkpoint] every_steps` (population's
     #: `checkpoint_every`, in generations; 0: at the end only); None: the config's
     checkpoint_every: int | None = None
-    #: the loop measures its validation itself (a population scores every member on its
-    #: split): the figures of the model of record, {split: {metric: value}}; None: the
-    #: driver evaluates the model of record on the task's evaluation splits
-    validation: Callable[[], dict[str, dict[str, float]]] | None = None
     #: (split, metric, "max" | "min") that selects the best model; None: the task's first
     #: evaluation split and primary metric
     selection: tuple[str, str, str] | None = None
-    #: collective, every rank: before each periodic checkpoint (by units or epochs, once a
-    #: position; not the final one nor a stop's), while units remain: a pipeline re-balances
-    #: its partition there, so the checkpoint holds the partition the run goes on with
-    before_checkpoint: Callable[[], None] | None = None
 
 
 class ModelOfRecord(Protocol):
@@ -141,62 +136,81 @@ class ModelOfRecord(Protocol):
         ...
 
 
-class UnitLoop(Protocol):
-    """A strategy's outer loop, run one unit at a time by the driver."""
+class UnitLoop(ABC):
+    """A strategy's outer loop, run one unit at a time by the driver.
 
-    def setup(self, run: Run) -> Plan:
-        """Build everything (model, learners, peers); no restore yet. `run` gives the
-        metrics log, the progress display and the driver's progress."""
-        ...
+    A subclass builds everything it needs in `__init__` (no restore yet: the driver
+    loads the parts afterwards) and sets `plan`; it must say when it is `done`, how to
+    `run_unit` and what its `model_of_record` is. Everything else has a default.
+    """
 
-    def state_parts(self) -> dict[str, StatePart]:
-        """The loop's checkpoint parts, by name (the driver adds progress, rng, config)."""
-        ...
+    plan: Plan
 
-    def file_parts(self) -> list[FilePart]:
-        """The loop's state kept in files of its own (none for most loops)."""
-        ...
+    def __init__(self, run: Run) -> None:
+        """`run`: the driver's worker, task, progress, metrics log and display."""
+        self.run = run
+        self.ctx = run.ctx
+        self.task = run.task
+        self.progress = run.progress
 
-    def after_restore(self) -> None:
-        """After the parts were loaded from a checkpoint (e.g. set a clock)."""
-        ...
-
-    def start(self) -> None:
-        """Before the first unit of this session (after a restore)."""
-        ...
-
+    @abstractmethod
     def done(self) -> bool:
         """No unit left (the driver also ends on early stopping and stop requests)."""
-        ...
 
+    @abstractmethod
     def run_unit(self) -> bool:
         """One unit; advances the driver's `progress.global_step`. True: it was the last
         unit of an epoch of the data (the driver then calls `next_epoch`)."""
-        ...
+
+    @abstractmethod
+    def model_of_record(self) -> ModelOfRecord:
+        """The model evaluation, selection, the test splits and artifacts see."""
+
+    def state_parts(self) -> dict[str, StatePart]:
+        """The loop's checkpoint parts, by name (the driver adds progress, rng, config)."""
+        return {}
+
+    def file_parts(self) -> list[FilePart]:
+        """The loop's state kept in files of its own (none for most loops)."""
+        return []
+
+    def after_restore(self) -> None:
+        """After the parts were loaded from a checkpoint (e.g. set a clock)."""
+
+    def start(self) -> None:
+        """Before the first unit of this session (after a restore)."""
 
     def next_epoch(self) -> None:
-        """Move the data position to the next epoch's start."""
-        ...
+        """Move the data position to the next epoch's start (units with no epochs of the
+        data: nothing to move)."""
 
     def agree_stop(self) -> int:
-        """After a unit: the stop signal every rank agreed on (0: go on)."""
-        ...
+        """After a unit: the stop signal every rank agreed on (0: go on); by default one
+        collective at every unit boundary."""
+        return STOP.agree(self.ctx)
 
     def flush(self) -> None:
         """Record what is pending (a partial logging interval) before the run ends."""
-        ...
 
     def observe_metric(self, value: float, direction: str) -> None:
         """After each validation: the primary metric's value, for a schedule that follows
         it (lr_decay = "plateau")."""
-        ...
 
-    def model_of_record(self) -> ModelOfRecord: ...
+    def validation(self) -> dict[str, dict[str, float]] | None:
+        """The figures of the model of record, {split: {metric: value}}, when the loop
+        measures its validation itself (a population scores every member on its split);
+        None (the default): the driver evaluates it on the task's evaluation splits."""
+        return None
+
+    def before_checkpoint(self) -> None:
+        """Collective, every rank: before each periodic checkpoint (by units or epochs, once
+        a position; not the final one nor a stop's), while units remain: a pipeline
+        re-balances its partition there, so the checkpoint holds the partition the run
+        goes on with."""
 
     def section(self) -> dict[str, Any]:
         """The loop's own results.json fields (may be collective)."""
-        ...
+        return {}
 
     def close(self) -> None:
         """After the run, also when it failed (e.g. save a wire audit)."""
-        ...

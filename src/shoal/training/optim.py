@@ -8,13 +8,8 @@ from collections.abc import Iterable
 import torch
 
 from shoal.config.train import (
-    AdagradConfig,
-    AdamConfig,
-    AdamWConfig,
     OptimizerConfig,
     PlateauConfig,
-    SGDConfig,
-    SparseAdamConfig,
     TrainConfig,
 )
 
@@ -22,40 +17,11 @@ from shoal.config.train import (
 def build_optimizer(
     params: Iterable[torch.nn.Parameter], config: OptimizerConfig
 ) -> torch.optim.Optimizer:
-    params = list(params)
-    if isinstance(config, SGDConfig):
-        return torch.optim.SGD(
-            params,
-            lr=config.lr,
-            momentum=config.momentum,
-            dampening=config.dampening,
-            nesterov=config.nesterov,
-            weight_decay=config.weight_decay,
-        )
-    if isinstance(config, AdamConfig):  # AdamW is an AdamConfig with decoupled weight decay
-        adam = torch.optim.AdamW if isinstance(config, AdamWConfig) else torch.optim.Adam
-        return adam(
-            params,
-            lr=config.lr,
-            betas=(config.betas[0], config.betas[1]),
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            amsgrad=config.amsgrad,
-        )
-    if isinstance(config, AdagradConfig):
-        return torch.optim.Adagrad(
-            params,
-            lr=config.lr,
-            lr_decay=config.lr_decay,
-            eps=config.eps,
-            weight_decay=config.weight_decay,
-            initial_accumulator_value=config.initial_accumulator_value,
-        )
-    if isinstance(config, SparseAdamConfig):
-        return torch.optim.SparseAdam(
-            params, lr=config.lr, betas=(config.betas[0], config.betas[1]), eps=config.eps
-        )
-    raise TypeError(f"no optimizer for {type(config).__name__}")
+    """The torch optimizer a `[train.optimizer]` section names, with its arguments."""
+    optimizer: torch.optim.Optimizer = getattr(torch.optim, config.torch_class)(
+        list(params), **config.arguments()
+    )
+    return optimizer
 
 
 class WarmupDecay:

@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any
 
 from shoal.checkpoint.manager import CheckpointManager, list_checkpoints
+from shoal.protocols.task import Task
 from shoal.runtime.context import WorkerContext
-from shoal.tasks.base import Task
 from shoal.training.loop import ModelOfRecord
 from shoal.training.state import TrainProgress
 

@@ -9,14 +9,14 @@ strategy's (aggregation residuals, gathered from every rank) and, through the
 driver, the data position and every rank's RNG state, so a resumed run on CPU
 ends bit-identical to one that never stopped.
 
-A strategy whose model lives elsewhere (the parameter server's workers) runs
-this same loop with :class:`StepCollaborators` of its own.
+A strategy that trains otherwise subclasses it and overrides what differs:
+the model it builds, the learner around it, its model of record, its files and
+results (the parameter server's workers, whose model lives on the servers; a
+pipeline, whose learner runs a schedule over stages; an SPMD mesh).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -30,15 +30,13 @@ from shoal.errors import ShoalError
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything, worker_seed
 from shoal.runtime.stop import STOP
-from shoal.tasks.base import Task
 from shoal.training.balance import BatchShares, split_counts
 from shoal.training.batching import EpochPlan, steps_per_epoch
 from shoal.training.contracts import GradientSync, TrainingStrategy
 from shoal.training.faults import maybe_inject_fault
 from shoal.training.learner import Learner
-from shoal.training.loop import ModelOfRecord, Plan, Run
+from shoal.training.loop import ModelOfRecord, Plan, Run, UnitLoop
 from shoal.training.meter import IntervalMeter, StepStats
-from shoal.training.state import TrainProgress
 
 
 class StepLearner(Protocol):
@@ -88,52 +86,24 @@ class LocalModel:
         return True
 
 
-@dataclass
-class StepCollaborators:
-    """What a strategy may supply to the step loop instead of the defaults."""
+class StepLoop(UnitLoop):
+    """Steps over epochs of the training data, one global batch per unit.
 
-    #: the model as the learner sees it (default: the task's, on the worker's device)
-    build_model: Callable[[], nn.Module] | None = None
-    #: the learner around the model and gradient sync (default: a :class:`Learner`)
-    make_learner: Callable[[nn.Module, GradientSync, int], StepLearner] | None = None
-    #: the model of record (default: the learner's model, best copy in memory)
-    model_of_record: Callable[[StepLearner, TrainProgress], ModelOfRecord] | None = None
-    #: state kept in files of its own
-    files: Callable[[TrainProgress], list[FilePart]] | None = None
-    #: after the parts were loaded, with the resumed step
-    after_restore: Callable[[int], None] | None = None
-    #: more results.json fields (collective)
-    section: Callable[[TrainProgress], dict[str, Any]] | None = None
-    #: each rank's slice of a global batch, re-planned from measured speeds (default: even)
-    shares: BatchShares | None = None
-    #: collective, before each periodic checkpoint while steps remain (a pipeline's re-balance)
-    before_checkpoint: Callable[[Run], None] | None = None
-
-
-class StepLoop:
-    """Steps over epochs of the training data, one global batch per unit."""
+    `shares`: each rank's slice of a global batch, re-planned from measured speeds
+    (data_parallel's dynamic balance; None: even slices)."""
 
     def __init__(
-        self,
-        ctx: WorkerContext,
-        task: Task,
-        strategy: TrainingStrategy,
-        collaborators: StepCollaborators | None = None,
+        self, run: Run, strategy: TrainingStrategy, shares: BatchShares | None = None
     ) -> None:
-        self.ctx, self.task, self.strategy = ctx, task, strategy
-        self.train = ctx.config.train
-        self.with_ = collaborators or StepCollaborators()
-        self._plan: EpochPlan | None = None  # the epoch's batches, made at its first step
+        super().__init__(run)
+        ctx, task = self.ctx, self.task
+        self.strategy, self.shares = strategy, shares
+        self.train = train = ctx.config.train
+        self._epoch_plan: EpochPlan | None = None  # the epoch's batches, made at its first step
         self._plan_epoch = -1
-
-    # ---------------------------------------------------------------- setup
-    def setup(self, run: Run) -> Plan:
-        ctx, train, task = self.ctx, self.train, self.task
-        self.run, self.progress = run, run.progress
         seed_everything(train.seed)  # identical initial parameters on every rank
-        build = self.with_.build_model or (lambda: task.build_model().to(ctx.device))
-        model = build()
-        sync = self.strategy.attach(model)
+        model = self.build_model()
+        sync = strategy.attach(model)
         self.steps_per_epoch = steps_per_epoch(task.train_size, train.batch_size, train.drop_last)
         if self.steps_per_epoch == 0:
             raise ShoalError(
@@ -146,41 +116,38 @@ class StepLoop:
         if train.max_steps is not None:
             limits.append(train.max_steps)
         self.total_steps = min(limits)
-        make = self.with_.make_learner or self._learner
-        self.learner = make(model, sync, self.total_steps)
-        record = self.with_.model_of_record
-        if record is not None:
-            self.record = record(self.learner, self.progress)
-        else:
-            self.record = LocalModel(ctx, self.learner.model)
-        own = self.learner.file_parts() if isinstance(self.learner, Learner) else []
-        self.files = [*own, *(self.with_.files(self.progress) if self.with_.files else [])]
+        self.learner = self.make_learner(model, sync)
+        self.record = self.make_record()
+        self.meter = IntervalMeter()
         seed_everything(worker_seed(train.seed, ctx.rank))  # a resume puts the saved ones back
-        return Plan(
+        self.plan = Plan(
             unit="step",
             total=self.total_steps,
             epochs=train.epochs,
             line=(
-                f"training {ctx.config.task.type} with {self.strategy.describe()}: "
+                f"training {ctx.config.task.type} with {strategy.describe()}: "
                 f"{task.train_size} samples, {self.steps_per_epoch} steps/epoch, "
                 f"{self.total_steps} steps in all"
             ),
             optional_parts=("optimizer_kind", "precision", "strategy"),
-            before_checkpoint=self._before_checkpoint(),
         )
 
-    def _before_checkpoint(self) -> Callable[[], None] | None:
-        hook = self.with_.before_checkpoint
-        if hook is None:
-            return None
-        return lambda: hook(self.run)
+    # ---------------------------------------------------------------- what a strategy may change
+    def build_model(self) -> nn.Module:
+        """The model as the learner sees it: the task's, on the worker's device."""
+        return self.task.build_model().to(self.ctx.device)
 
-    def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
+    def make_learner(self, model: nn.Module, sync: GradientSync) -> StepLearner:
+        """The learner around the model and its gradient sync."""
         share = (self.ctx.rank, self.ctx.world_size)
         every = self.ctx.config.monitor.log_every_steps  # the norm of every logged step
         return Learner(
-            self.task, model, sync, self.train, total_steps, share, every, shares=self.with_.shares
+            self.task, model, sync, self.train, self.total_steps, share, every, shares=self.shares
         )
+
+    def make_record(self) -> ModelOfRecord:
+        """The model of record: the learner's model, its best copy kept in memory."""
+        return LocalModel(self.ctx, self.learner.model)
 
     def state_parts(self) -> dict[str, StatePart]:
         return {
@@ -189,11 +156,7 @@ class StepLoop:
         }
 
     def file_parts(self) -> list[FilePart]:
-        return self.files
-
-    def after_restore(self) -> None:
-        if self.with_.after_restore is not None:
-            self.with_.after_restore(self.progress.global_step)
+        return self.learner.file_parts() if isinstance(self.learner, Learner) else []
 
     def model_of_record(self) -> ModelOfRecord:
         return self.record
@@ -212,11 +175,11 @@ class StepLoop:
 
     def run_unit(self) -> bool:
         p, train = self.progress, self.train
-        plan = self._plan
+        plan = self._epoch_plan
         if plan is None or self._plan_epoch != p.epoch:
             self.task.set_epoch(p.epoch)
             self._plan_epoch = p.epoch
-            plan = self._plan = EpochPlan(
+            plan = self._epoch_plan = EpochPlan(
                 self.task.train_size,
                 train.batch_size,
                 p.epoch,
@@ -244,7 +207,7 @@ class StepLoop:
         p.sent_bytes += stats.sent_bytes
         p.skipped_steps += int(stats.skipped)
         self.meter.add(stats)
-        shares = self.with_.shares
+        shares = self.shares
         if shares is not None and shares.observe(stats.samples, stats.work_s):
             self._log_shares(shares)
         if p.global_step % self.ctx.config.monitor.log_every_steps == 0:
@@ -307,9 +270,4 @@ class StepLoop:
             "sent_bytes_per_step": p.sent_bytes / p.global_step if p.global_step else 0.0,
             "skipped_steps": p.skipped_steps,
         }
-        if self.with_.section is not None:
-            section.update(self.with_.section(p))
         return section
-
-    def close(self) -> None:
-        """Nothing to release: the strategy owns the process groups."""

@@ -19,8 +19,8 @@ from shoal.errors import ConfigError, JobFailed, ShoalError
 from shoal.launch.external import _membership
 from shoal.launch.plan import JobPlan, fit_plan
 from shoal.run import RunPaths
+from shoal.shape.sizing import shape_of
 from shoal.strategies.parameter_server.shards import SHARD_GLOB
-from shoal.strategies.parameter_server.strategy import ParameterServerStrategy
 from tests.conftest import final_state
 from tests.hostile.jobs import TORCHRUN, finish, start_torchrun
 from tests.recovery.chaos import events
@@ -325,7 +325,8 @@ def test_a_torchrun_restart_counts_workers_as_the_checkpoint_does(
     is no change of membership (no "grows back to 4 workers from 2")."""
     done = shoal.train(job(runs, graph, "torchrun-count", strategy=ps(placement="dedicated")))
     paths = RunPaths(Path(done["run_dir"]))
-    plan = SimpleNamespace(config=load_config(paths.config))
+    config = load_config(paths.config)
+    plan = SimpleNamespace(config=config, shape=shape_of(config))
     launch = SimpleNamespace(restart=1, agent_store=False)
     assert _membership(plan, launch, True, 4, paths, done["checkpoint"]) is None  # type: ignore[arg-type]
     assert not [e for e in events(paths.root) if e["event"] == "membership"]
@@ -359,16 +360,16 @@ def test_the_roles_fit_the_processes_torchrun_started(
     process a worker, no more servers than workers."""
     faults = {"min_workers": min_workers} if min_workers else {}
     config = load_config(job(runs, graph, "fit", strategy=ps(**fields), faults=faults))
-    fitted, extra = fit_plan(JobPlan(config, config.strategy.world_size, False, "fit"), world)  # type: ignore[union-attr]
-    assert extra and fitted.world_size == world
-    assert ParameterServerStrategy.members(fitted.config) == expected
-    assert fit_plan(fitted, world)[1] == []  # fitted already
+    fitted, changed = fit_plan(JobPlan(config, shape_of(config), "fit"), world)
+    assert changed and fitted.world_size == world
+    assert fitted.shape.members == expected
+    assert fit_plan(fitted, world)[1] is False  # fitted already
 
 
 def test_too_few_processes_for_the_servers_is_one_line(runs: Path, graph: dict[str, str]) -> None:
     config = load_config(job(runs, graph, "few", strategy=ps(num_servers=2, min_servers=2)))
     with pytest.raises(ConfigError, match=r"needs strategy.min_servers \(2\) dedicated servers"):
-        fit_plan(JobPlan(config, 4, False, "few"), 2)
+        fit_plan(JobPlan(config, shape_of(config), "few"), 2)
 
 
 def test_a_torchrun_restart_on_fewer_processes_goes_on_with_fewer_workers(
@@ -380,7 +381,7 @@ def test_a_torchrun_restart_on_fewer_processes_goes_on_with_fewer_workers(
     done = shoal.train(job(runs, graph, "torchrun-fewer", strategy=strategy))
     paths = RunPaths(Path(done["run_dir"]))
     config = load_config(paths.config, ["faults.min_workers=1"])
-    plan, _ = fit_plan(JobPlan(config, 4, False, "fewer"), 3)
+    plan, _ = fit_plan(JobPlan(config, shape_of(config), "fewer"), 3)
     launch = SimpleNamespace(restart=1, agent_store=False)
     line = _membership(plan, launch, True, 3, paths, done["checkpoint"])  # type: ignore[arg-type]
     assert line is not None and "goes on with 1 worker from 2 (faults.min_workers = 1)" in line, (

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 from typing import Any
 
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
-from shoal.strategies.parameter_server.strategy import server_ranks
+
+
+def server_ranks(config: ParameterServerStrategyConfig, hosts: Hosts) -> list[int]:
+    return config.server_ranks(hosts)
 
 
 def _config(**fields: Any) -> ParameterServerStrategyConfig:

@@ -16,7 +16,7 @@ import torch.distributed as dist
 
 from shoal.comm.links import CommGroup, PeerTimeout
 from shoal.errors import JobFailed
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 from shoal.strategies.parameter_server.rejoin import Announcement, PushLog, Rejoin, announce
 from shoal.strategies.parameter_server.transport import RemoteLink
 from shoal.strategies.parameter_server.wire import Header, Op

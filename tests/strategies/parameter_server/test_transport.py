@@ -17,7 +17,7 @@ import torch
 import torch.distributed as dist
 
 from shoal.comm.links import CommGroup
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 from shoal.strategies.parameter_server.client import RowClient
 from shoal.strategies.parameter_server.config import RowSGDConfig
 from shoal.strategies.parameter_server.endpoint import ServerEndpoint

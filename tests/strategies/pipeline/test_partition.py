@@ -83,6 +83,7 @@ def test_measured_costs_of_uneven_blocks_balance_within_20_percent() -> None:
     batches = [(torch.randn(128, 256), torch.randn(128, 256)) for _ in range(5)]
     measured = profile_blocks(
         model,
+        model.stage,
         len(planted),
         batches,
         lambda out, target: F.mse_loss(out, target, reduction="sum"),

@@ -29,7 +29,7 @@ CASES = [
         "adam",
         "",
         'momentum = { kind = "linear", low = 0.1, high = 0.9 }',
-        "strategy.search_space.momentum: the adam optimizer has no momentum "
+        "bad.toml:13: strategy.search_space.momentum: the adam optimizer has no momentum "
         "(train.optimizer.kind); tunable here: beta1, beta2, dropout, lr, weight_decay",
     ),
     (
@@ -67,7 +67,7 @@ CASES = [
         "sgd",
         'metric = "f1"\n',
         'lr = { kind = "log", low = 0.01, high = 0.9 }',
-        "strategy.mode: required with metric = 'f1': set mode = \"max\" if a higher f1 is "
+        "bad.toml:9: strategy.mode: required with metric = 'f1': set mode = \"max\" if a higher f1 is "
         'better, else mode = "min"',
     ),
     (

@@ -67,7 +67,7 @@ def test_failed_members_are_always_replaced_from_good_ones() -> None:
         ("truncation", TruncationConfig(fraction=0.125)),
         ("binary", BinaryConfig(threshold=10.0)),
     ):
-        copies = EXPLOITS.get(method)(fit, config, stream(3))
+        copies = EXPLOITS.load(method)(fit, config, stream(3))
         losers = {c.loser for c in copies}
         assert {1, 3} <= losers
         assert all(c.winner not in (1, 3) for c in copies)
@@ -95,9 +95,9 @@ def test_binary_copies_only_clearly_better_members() -> None:
 def test_exploit_is_reproducible_by_seed(method: str) -> None:
     config = TruncationConfig() if method == "truncation" else BinaryConfig()
     fit = fitness(_scores(12, seed=1), "max")
-    runs = [EXPLOITS.get(method)(fit, config, stream(7, 2, g)) for g in (0, 0, 1)]
+    runs = [EXPLOITS.load(method)(fit, config, stream(7, 2, g)) for g in (0, 0, 1)]
     assert runs[0] == runs[1]
-    draws = {tuple(EXPLOITS.get(method)(fit, config, stream(s))) for s in range(10)}
+    draws = {tuple(EXPLOITS.load(method)(fit, config, stream(s))) for s in range(10)}
     assert len(draws) > 1, "different seeds draw different winners"
 
 
@@ -145,7 +145,7 @@ def test_resample_draws_from_the_search_space() -> None:
 def test_explore_is_reproducible_by_seed(method: str) -> None:
     config = PerturbationConfig() if method == "perturbation" else ResampleConfig(probability=0.5)
     hyper = {"lr": 0.01, "momentum": 0.5, "dropout": 0.1}
-    first = EXPLORES.get(method)(hyper, SPACE, config, stream(5, 3, 1, 2))
-    again = EXPLORES.get(method)(hyper, SPACE, config, stream(5, 3, 1, 2))
+    first = EXPLORES.load(method)(hyper, SPACE, config, stream(5, 3, 1, 2))
+    again = EXPLORES.load(method)(hyper, SPACE, config, stream(5, 3, 1, 2))
     assert first == again
     assert all(contains(SPACE[n], v) for n, v in first.items())

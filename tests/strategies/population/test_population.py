@@ -314,3 +314,24 @@ def test_early_stopping_counts_generations_without_improvement(runs: Path) -> No
     generations = [r for r in read_metrics(runs / "patience" / "metrics.jsonl")]
     assert [r["generation"] for r in generations if r["event"] == "generation"] == [0, 1]
     assert results["best"]["step"] == 5, "the first generation's best member is kept"
+
+
+@pytest.mark.parametrize("seed", [0, 4])
+def test_the_first_generation_spreads_over_the_search_space(runs: Path, seed: int) -> None:
+    """Four members on lr in [1e-3, 1e-1]: one in each quarter of the log range, whatever the
+    seed (drawn independently, seed 0 started all four between lr 0.05 and 0.061, seed 4
+    three of them above 0.04)."""
+    job = lr_job(
+        runs,
+        f"spread-{seed}",
+        {"method": "truncation", "fraction": 0.25},
+        population_size=4,
+        generations=1,
+        ready_interval=2,
+        search_space={"lr": {"kind": "log", "low": 1e-3, "high": 1e-1}},
+    )
+    job["train"].update(seed=seed, max_steps=2)
+    results = shoal.train(job)
+    first = [r for r in _member_records(results["run_dir"]) if r["generation"] == 0]
+    quarters = sorted(int((math.log10(r["hyperparameters"]["lr"]) + 3) / 2 * 4) for r in first)
+    assert quarters == [0, 1, 2, 3], [r["hyperparameters"]["lr"] for r in first]

@@ -8,7 +8,7 @@ import pytest
 
 from shoal.cli.main import main
 from shoal.errors import ShoalError
-from shoal.runtime.roles import RankRoles
+from shoal.shape.roles import RankRoles
 
 LM = (
     '[task]\ntype = "lm"\n[task.data]\ntrain = "t.txt"\n[task.model]\ndim = 32\nheads = 4\n'

@@ -19,7 +19,7 @@ from shoal.checkpoint.manager import list_checkpoints
 from shoal.checkpoint.sharded import SHARDED_DIR
 from shoal.errors import JobFailed, TrainingHalted
 from shoal.monitor.metrics import read_metrics
-from shoal.runtime.roles import RankRoles
+from shoal.shape.roles import RankRoles
 from tests.strategies.spmd.test_equivalence import assert_same, final_model
 from tests.tasks.lm.helpers import assert_same_norms, lm_job, write_text
 

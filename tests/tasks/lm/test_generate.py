@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import shoal
+from shoal.checkpoint.sharded import read_full
 from shoal.cli.main import main
 from shoal.tasks.lm.generate import load_best_model, sample
 from tests.conftest import run_shoal, small_job
@@ -81,3 +82,25 @@ def test_runs_that_cannot_generate(
     assert "a classification run; generate samples from language models" in capsys.readouterr().err
     assert main(["generate", str(tmp_path / "nowhere"), "--prompt", "To"]) == 2
     assert capsys.readouterr().err.strip() == f"{tmp_path / 'nowhere'}: no such run directory"
+
+
+@pytest.mark.parametrize(
+    "strategy",
+    [{"type": "tensor_parallel", "degree": 2}, {"type": "fully_sharded", "degree": 2}],
+    ids=["tensor_parallel", "fully_sharded"],
+)
+def test_generate_reads_a_sharded_run(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], strategy: dict[str, object]
+) -> None:
+    """A run whose checkpoints hold the model in DCP's pieces samples the same text as the
+    model those pieces make up (it raised 'Unexpected key(s) in state_dict: "sharded"')."""
+    job = lm_job(tmp_path / "runs", write_text(tmp_path), strategy=strategy, train={"max_steps": 8})
+    run_dir = Path(shoal.train(job)["run_dir"])
+    model, _, checkpoint = load_best_model(run_dir)
+    assert (checkpoint / "sharded").is_dir()
+    whole = read_full(checkpoint)["model"]
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(tensor, whole[name]), name
+    assert main(["generate", str(run_dir), "--prompt", "To be", "--tokens", "20"]) == 0
+    text = capsys.readouterr().out
+    assert text.startswith("To be") and len(text.rstrip("\n")) == 25

@@ -11,21 +11,21 @@ from torch import nn
 from shoal.comm.buckets import BucketedGradientSync
 from shoal.comm.config import GossipAggregationConfig
 from shoal.comm.gossip import GossipSync
-from shoal.comm.registry import build_aggregator
+from shoal.comm.methods import build_aggregator
 from shoal.comm.topology import neighbours
-from shoal.config.root import ShoalConfig
 from shoal.errors import ShoalError
+from shoal.protocols.task import Task
 from shoal.runtime.collectives import gather_tensors
 from shoal.runtime.context import WorkerContext
-from shoal.strategies.base import LEARNERS, Strategy
+from shoal.shape.job import JobShape
+from shoal.strategies.base import Strategy
 from shoal.strategies.data_parallel.config import DataParallelStrategyConfig
-from shoal.tasks.base import Task
 from shoal.training.balance import BatchShares
 from shoal.training.contracts import GradientSync
-from shoal.training.steps import StepCollaborators, StepLoop
+from shoal.training.steps import StepLoop
 
 
-class DataParallelStrategy(Strategy):
+class DataParallelStrategy(Strategy[DataParallelStrategyConfig]):
     """Each rank trains on its slice of every global batch; gradients are summed in buckets.
 
     Equivalence: the task's loss is a sum over samples, the trainer divides it by
@@ -39,27 +39,8 @@ class DataParallelStrategy(Strategy):
 
     sync: GradientSync
 
-    @classmethod
-    def world_size(cls, config: ShoalConfig) -> int:
-        assert isinstance(config.strategy, DataParallelStrategyConfig)
-        return config.strategy.num_replicas
-
-    workers_field: ClassVar[str | None] = "num_replicas"
-    #: the global batch is split over however many replicas there are: the same problem
-    elastic: ClassVar[bool] = True
-    #: the split of a global batch changes no update: balancing is safe to change
-    resume_safe: ClassVar[tuple[str, ...]] = (
-        "bucket_cap_mb",
-        "balance",
-        "rebalance_every",
-        "min_share",
-    )
-    #: the learner family loads each other's checkpoints; a pipeline saves the whole model
-    #: and one optimizer state in this layout
-    resumes_from: ClassVar[tuple[str, ...]] = (*LEARNERS, "pipeline")
-
-    def __init__(self, ctx: WorkerContext) -> None:
-        super().__init__(ctx)
+    def __init__(self, ctx: WorkerContext, shape: JobShape | None = None) -> None:
+        super().__init__(ctx, shape)
         config = self.config
         self.shares = (
             BatchShares(ctx, config.rebalance_every, config.min_share)
@@ -69,15 +50,7 @@ class DataParallelStrategy(Strategy):
 
     def run(self, task: Task) -> dict[str, Any]:
         """The shared step loop, with dynamic shares of each global batch if asked for."""
-        return self.drive(
-            task, StepLoop(self.ctx, task, self, StepCollaborators(shares=self.shares))
-        )
-
-    @property
-    def config(self) -> DataParallelStrategyConfig:
-        config = self.ctx.config.strategy
-        assert isinstance(config, DataParallelStrategyConfig)
-        return config
+        return self.drive(task, lambda run: StepLoop(run, self, self.shares))
 
     def attach(self, model: nn.Module) -> GradientSync:
         ctx, aggregation = self.ctx, self.config.aggregation

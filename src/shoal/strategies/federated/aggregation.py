@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from shoal.registry import Registry
+from shoal.plugins.registry import closed_choice
 from shoal.training.contracts import GradientSync, LocalGradientSync
 
 
@@ -164,9 +164,17 @@ class FedYogi(FedOpt):
         return v - (1 - self.config.beta2) * delta_sq * torch.sign(v - delta_sq)
 
 
-AGGREGATIONS: Registry[type[FedAvg]] = Registry("federated aggregation method")
-AGGREGATIONS.add("fedavg", FedAvg)
-AGGREGATIONS.add("fedprox", FedProx)
-AGGREGATIONS.add("fedadagrad", FedAdagrad)
-AGGREGATIONS.add("fedadam", FedAdam)
-AGGREGATIONS.add("fedyogi", FedYogi)
+AGGREGATIONS = closed_choice(
+    "federated aggregation method",
+    "method",
+    "shoal.strategies.federated.aggregation",
+    "shoal.strategies.federated.config",
+    {
+        "fedavg": ("FedAvg", "FedAvgConfig"),
+        "fedprox": ("FedProx", "FedProxConfig"),
+        "fedadagrad": ("FedAdagrad", "FedAdagradConfig"),
+        "fedadam": ("FedAdam", "FedAdamConfig"),
+        "fedyogi": ("FedYogi", "FedYogiConfig"),
+    },
+)
+"""The federated aggregation methods, by their config's `method`."""

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from shoal.config.train import TrainConfig
+from shoal.protocols.task import Task
 from shoal.strategies.federated.aggregation import FedAvg
 from shoal.strategies.federated.config import ClientFault, FederatedStrategyConfig
 from shoal.strategies.federated.vector import ModelVector
-from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan, steps_per_epoch
 from shoal.training.learner import Learner
 from shoal.training.meter import RankPhases

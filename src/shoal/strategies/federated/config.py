@@ -10,11 +10,21 @@ config calls once every section is valid.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel, ExistingFile, FieldError, fill_default_tag
+from shoal.config.base import (
+    RESUME_SAFE,
+    ConfigModel,
+    ExistingFile,
+    FieldError,
+    StrategySection,
+    fill_default_tag,
+)
+from shoal.protocols.capabilities import CLASS_LABELS, CLIENT_FILES, Capability
+from shoal.shape.hosts import Hosts
+from shoal.shape.roles import RankRoles
 
 if TYPE_CHECKING:
     from shoal.config.root import ShoalConfig
@@ -193,7 +203,7 @@ class ClientFault(ConfigModel):
 # ---------------------------------------------------------------- the strategy
 
 
-class FederatedStrategyConfig(ConfigModel):
+class FederatedStrategyConfig(StrategySection):
     """Federated learning: clients train locally on private shards; only updates travel.
 
     `[train]` describes one client's local work: batch_size, optimizer (the local
@@ -202,14 +212,30 @@ class FederatedStrategyConfig(ConfigModel):
     """
 
     type: Literal["federated"] = "federated"
+    workers_field: ClassVar[str | None] = "workers"
+    in_process: ClassVar[bool] = True  # with one worker: no process group, nothing crosses
+    #: a worker given up (`[faults] min_workers`) takes no client with it: client c lives on
+    #: worker c mod workers, so the next attempt hosts the lost worker's clients on the
+    #: others, and every draw of a round is seeded by (seed, round, client), not by worker.
+    #: A round then equals the same round of a run that had that assignment from the
+    #: start (the sum of updates is grouped per worker, then over workers in rank order:
+    #: fixed for an assignment, but not the grouping of a run with more workers)
+    elastic: ClassVar[bool] = True
+
     num_clients: int = Field(10, ge=1, description="Clients (may exceed the workers).")
     workers: int = Field(
         2,
         ge=1,
         description="Worker processes that host the clients; each runs its clients in turn "
         "(`--workers` overrides it).",
+        json_schema_extra=RESUME_SAFE,
     )
-    rounds: int = Field(10, ge=1, description="Federated rounds (one server update each).")
+    rounds: int = Field(
+        10,
+        ge=1,
+        description="Federated rounds (one server update each).",
+        json_schema_extra=RESUME_SAFE,
+    )
     balance: Literal["static", "balanced", "dynamic"] = Field(
         "static",
         description="Which worker runs which client: static (client c on worker c mod "
@@ -217,6 +243,7 @@ class FederatedStrategyConfig(ConfigModel):
         "first), or dynamic (each round, a worker that is free takes the next selected client, "
         "longest first, from a queue in the job's store). The global model is the same bits "
         "under all three: the updates are summed exactly.",
+        json_schema_extra=RESUME_SAFE,
     )
     local_epochs: int | None = Field(
         None, ge=1, description="Passes over its own data a client makes per round (default 1)."
@@ -232,9 +259,13 @@ class FederatedStrategyConfig(ConfigModel):
         gt=0,
         description="A client still training this long after its round started is dropped "
         "(checked between local steps).",
+        json_schema_extra=RESUME_SAFE,
     )
     eval_every_rounds: int = Field(
-        1, ge=0, description="Evaluate the global model every N rounds (0: only at the end)."
+        1,
+        ge=0,
+        description="Evaluate the global model every N rounds (0: only at the end).",
+        json_schema_extra=RESUME_SAFE,
     )
     aggregation: FederatedAggregationConfig = Field(
         default_factory=FedAvgConfig,
@@ -259,9 +290,12 @@ class FederatedStrategyConfig(ConfigModel):
         False,
         description="Keep every tensor this worker sends or receives in logs/wire-rank-<r>.pt, "
         "to audit what leaves a client (small models only).",
+        json_schema_extra=RESUME_SAFE,
     )
     inject: list[ClientFault] = Field(
-        default_factory=list, description="Client faults for testing dropouts; leave unset."
+        default_factory=list,
+        description="Client faults for testing dropouts; leave unset.",
+        json_schema_extra=RESUME_SAFE,
     )
 
     @model_validator(mode="before")
@@ -337,6 +371,10 @@ class FederatedStrategyConfig(ConfigModel):
             return sum(1 for tags in self.tags_of() if required <= tags)
         return n
 
+    def roles(self, hosts: Hosts | None) -> RankRoles:
+        """Client c lives on worker c mod workers."""
+        return RankRoles.hosting(self.workers, "client", self.num_clients)
+
     def check(self, config: ShoalConfig) -> None:
         """The run's length is in rounds, at a constant rate; a round deadline fits the timeout.
 
@@ -361,3 +399,11 @@ class FederatedStrategyConfig(ConfigModel):
                 f"timeout_s ({faults.timeout_s:g}) must exceed strategy.round_timeout_s "
                 f"({self.round_timeout_s:g}): workers wait for each other's round in a collective",
             )
+        needs: Capability[Any] | None = None
+        if isinstance(self.partition, DirichletPartitionConfig):
+            needs = CLASS_LABELS
+        elif isinstance(self.partition, FilesPartitionConfig):
+            needs = CLIENT_FILES
+        refusal = needs.require(config.task, "federated") if needs is not None else None
+        if refusal is not None:
+            raise FieldError(("strategy", "partition", "kind"), refusal)

@@ -46,14 +46,13 @@ from typing import Any
 
 import torch
 
-from shoal.checkpoint.parts import Custom, FilePart, StatePart
+from shoal.checkpoint.parts import Custom, StatePart
 from shoal.comm.links import CommGroup
 from shoal.errors import JobFailed, ShoalError
-from shoal.runtime.context import WorkerContext
 from shoal.runtime.queue import SharedQueue
 from shoal.runtime.rng import seed_everything
-from shoal.runtime.roles import RankRoles, longest_first
 from shoal.runtime.stop import STOP
+from shoal.shape.roles import RankRoles, longest_first
 from shoal.strategies.federated import exact, privacy, secure
 from shoal.strategies.federated.aggregation import AGGREGATIONS, FedAvg
 from shoal.strategies.federated.client import ClientDropped, ClientReport, ClientRunner
@@ -62,9 +61,8 @@ from shoal.strategies.federated.partition import client_shards
 from shoal.strategies.federated.selection import select_clients
 from shoal.strategies.federated.vector import ModelVector
 from shoal.strategies.federated.wire import WireAudit
-from shoal.tasks.base import Task
 from shoal.training.faults import maybe_inject_fault
-from shoal.training.loop import ModelOfRecord, Plan, Run
+from shoal.training.loop import ModelOfRecord, Plan, Run, UnitLoop
 from shoal.training.meter import PHASES, RankPhases
 from shoal.training.optim import build_optimizer
 from shoal.training.steps import LocalModel
@@ -79,33 +77,29 @@ class RoundFailed(JobFailed):
     """Fewer than `min_clients` clients reported in a round."""
 
 
-class FederatedLoop:
+class FederatedLoop(UnitLoop):
     """The round loop on one worker: its hosted clients, the global model, the server step."""
 
     def __init__(
         self,
-        ctx: WorkerContext,
-        task: Task,
+        run: Run,
         config: FederatedStrategyConfig,
         roles: RankRoles,
         wire: CommGroup,
         detail: str,
     ) -> None:
         """`wire`: the group every tensor of this loop crosses (counted, audited)."""
-        self.ctx, self.task, self.config, self.roles, self.detail = ctx, task, config, roles, detail
+        super().__init__(run)
+        self.config, self.roles, self.detail = config, roles, detail
         self.wire = wire
         self.audit = WireAudit() if config.audit_wire else None
         wire.audit = self.audit
-
-    # ---------------------------------------------------------------- setup
-    def setup(self, run: Run) -> Plan:
         ctx, cfg, task, train = self.ctx, self.config, self.task, self.ctx.config.train
-        self.run, self.progress = run, run.progress
         seed_everything(train.seed)  # the same initial global model on every worker
         self.model = task.build_model().to(ctx.device)
         self.vector = ModelVector(self.model)
         self.x = self.vector.read()
-        self.aggregation: FedAvg = AGGREGATIONS.get(cfg.aggregation.method)(
+        self.aggregation: FedAvg = AGGREGATIONS.load(cfg.aggregation.method)(
             cfg.aggregation, self.vector.size
         )
         self.runner = ClientRunner(task, self.vector, self.model, self.aggregation, train, cfg)
@@ -119,7 +113,7 @@ class FederatedLoop:
             self.seeds = self._agree_on_pair_seeds()
         self.totals = {"client_updates": 0, "dropped": 0}
         self.record = LocalModel(ctx, self.model)
-        return Plan(
+        self.plan = Plan(
             unit="round",
             total=cfg.rounds,
             eval_every=cfg.eval_every_rounds or None,
@@ -181,9 +175,19 @@ class FederatedLoop:
             yield order[position]
 
     def _probe_sums(self) -> list[str]:
-        """The names of the task's additive statistics (e.g. accuracy), the same on every worker."""
-        with torch.no_grad():
-            out = self.task.loss(self.model, self.task.train_batch(torch.tensor([0])))
+        """The names of the task's additive statistics (e.g. accuracy), the same on every worker.
+
+        Learnt from the loss of one sample with the model in evaluation mode and the global
+        RNG put back: in training mode a BatchNorm layer refuses a batch of one ("Expected
+        more than 1 value per channel") and would count it into its running statistics,
+        and dropout would draw from the RNG the first round's training draws from."""
+        training = self.model.training
+        try:
+            with torch.no_grad(), torch.random.fork_rng(devices=[]):
+                self.model.eval()
+                out = self.task.loss(self.model, self.task.train_batch(torch.tensor([0])))
+        finally:
+            self.model.train(training)
         return sorted(out.sums)
 
     def _agree_on_pair_seeds(self) -> dict[int, dict[int, bytes]]:
@@ -213,22 +217,10 @@ class FederatedLoop:
         self.model.load_state_dict(state)
         self.x = self.vector.read()
 
-    def file_parts(self) -> list[FilePart]:
-        return []
-
-    def after_restore(self) -> None:
-        """Nothing to set: every draw of a round is seeded by (seed, round, client)."""
-
     def model_of_record(self) -> ModelOfRecord:
         return self.record
 
-    def observe_metric(self, value: float, direction: str) -> None:
-        """Nothing follows it: each round's clients build fresh learners."""
-
     # ---------------------------------------------------------------- the units
-    def start(self) -> None:
-        """Nothing before the first round: the clients train in their own learners."""
-
     def done(self) -> bool:
         return self.progress.global_step >= self.config.rounds
 
@@ -243,15 +235,9 @@ class FederatedLoop:
         self.run.reporter.update(rnd + 1, 0)
         return False
 
-    def next_epoch(self) -> None:
-        """Rounds have no epochs of the data."""
-
     def agree_stop(self) -> int:
         """At the round boundary, alike on every worker (counted and audited by the wire)."""
         return STOP.agree(self.ctx, lambda t: self.wire.all_reduce_sum(t, "stop_request"))
-
-    def flush(self) -> None:
-        """Every round is recorded as it ends."""
 
     def section(self) -> dict[str, Any]:
         return {

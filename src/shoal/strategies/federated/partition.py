@@ -14,17 +14,17 @@ import numpy as np
 import torch
 
 from shoal.errors import ShoalError
-from shoal.registry import Registry
+from shoal.plugins.registry import closed_choice
+from shoal.protocols.capabilities import CLASS_LABELS, CLIENT_FILES
+from shoal.protocols.task import Task, rank_slice
 from shoal.strategies.federated.config import (
     DirichletPartitionConfig,
     FilesPartitionConfig,
     IIDPartitionConfig,
 )
-from shoal.tasks.base import Task, rank_slice
 
 #: (config, task, num_clients, hosted clients) -> {client: sample indices into the task}
 Partitioner = Callable[[Any, Task, int, list[int]], dict[int, torch.Tensor]]
-PARTITIONS: Registry[Partitioner] = Registry("partition kind")
 
 
 def iid_shards(num_samples: int, num_clients: int, seed: int) -> list[np.ndarray]:
@@ -61,27 +61,28 @@ def dirichlet_shards(
     )
 
 
-def _iid(config: IIDPartitionConfig, task: Task, n: int, hosted: list[int]) -> dict[int, Any]:
+def partition_iid(
+    config: IIDPartitionConfig, task: Task, n: int, hosted: list[int]
+) -> dict[int, Any]:
     shards = iid_shards(task.train_size, n, config.seed)
     return {c: torch.from_numpy(shards[c]) for c in hosted}
 
 
-def _dirichlet(
+def partition_dirichlet(
     config: DirichletPartitionConfig, task: Task, n: int, hosted: list[int]
 ) -> dict[int, Any]:
-    labels = task.sample_labels()
-    if labels is None:
-        raise ShoalError(
-            f'strategy.partition: kind = "dirichlet" needs class labels, and task '
-            f'{task.ctx.config.task.type} has none; use kind = "iid" or "files"'
-        )
+    labels = CLASS_LABELS.of(task, "federated").sample_labels()
     shards = dirichlet_shards(labels.numpy(), n, config.alpha, config.min_samples, config.seed)
     return {c: torch.from_numpy(shards[c]) for c in hosted}
 
 
-def _files(config: FilesPartitionConfig, task: Task, n: int, hosted: list[int]) -> dict[int, Any]:
+def partition_files(
+    config: FilesPartitionConfig, task: Task, n: int, hosted: list[int]
+) -> dict[int, Any]:
     """Only the hosted clients' files are read: other clients' data never enters this worker."""
-    counts = task.load_train_files([config.clients[c].path for c in hosted])
+    counts = CLIENT_FILES.of(task, "federated").load_train_files(
+        [config.clients[c].path for c in hosted]
+    )
     out, start = {}, 0
     for client, count in zip(hosted, counts, strict=True):
         out[client] = torch.arange(start, start + count)
@@ -89,13 +90,23 @@ def _files(config: FilesPartitionConfig, task: Task, n: int, hosted: list[int]) 
     return out
 
 
-PARTITIONS.add("iid", _iid)
-PARTITIONS.add("dirichlet", _dirichlet)
-PARTITIONS.add("files", _files)
-
-
 def client_shards(
     config: Any, task: Task, num_clients: int, hosted: list[int]
 ) -> dict[int, torch.Tensor]:
     """The sample indices of each hosted client."""
-    return PARTITIONS.get(config.kind)(config, task, num_clients, hosted)
+    partition: Partitioner = PARTITIONS.load(config.kind)
+    return partition(config, task, num_clients, hosted)
+
+
+PARTITIONS = closed_choice(
+    "partition kind",
+    "kind",
+    "shoal.strategies.federated.partition",
+    "shoal.strategies.federated.config",
+    {
+        "iid": ("partition_iid", "IIDPartitionConfig"),
+        "dirichlet": ("partition_dirichlet", "DirichletPartitionConfig"),
+        "files": ("partition_files", "FilesPartitionConfig"),
+    },
+)
+"""The partition kinds, by their config's `kind`."""

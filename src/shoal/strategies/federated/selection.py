@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from shoal.registry import Registry
+from shoal.plugins.registry import closed_choice
 from shoal.strategies.federated.config import (
     AllClientsConfig,
     ByCapabilityConfig,
@@ -23,14 +23,15 @@ from shoal.strategies.federated.config import (
 
 #: (selection config, strategy config, seed, round) -> sorted client ids
 Selector = Callable[[Any, FederatedStrategyConfig, int, int], list[int]]
-SELECTIONS: Registry[Selector] = Registry("client selection method")
 
 
-def _all(_: AllClientsConfig, strategy: FederatedStrategyConfig, seed: int, rnd: int) -> list[int]:
+def select_all(
+    _: AllClientsConfig, strategy: FederatedStrategyConfig, seed: int, rnd: int
+) -> list[int]:
     return list(range(strategy.num_clients))
 
 
-def _random(
+def select_random(
     config: RandomClientsConfig, strategy: FederatedStrategyConfig, seed: int, rnd: int
 ) -> list[int]:
     """max(min_clients, floor(fraction * n)) distinct clients, drawn from (seed, round)."""
@@ -40,19 +41,29 @@ def _random(
     return sorted(int(c) for c in picked)
 
 
-def _by_capability(
+def select_by_capability(
     config: ByCapabilityConfig, strategy: FederatedStrategyConfig, seed: int, rnd: int
 ) -> list[int]:
     required = set(config.required_tags)
     return [c for c, tags in enumerate(strategy.tags_of()) if required <= tags]
 
 
-SELECTIONS.add("all", _all)
-SELECTIONS.add("random", _random)
-SELECTIONS.add("by_capability", _by_capability)
-
-
 def select_clients(strategy: FederatedStrategyConfig, seed: int, rnd: int) -> list[int]:
     """The clients selected for round `rnd`, sorted."""
     selection = strategy.client_selection
-    return SELECTIONS.get(selection.method)(selection, strategy, seed, rnd)
+    select: Selector = SELECTIONS.load(selection.method)
+    return select(selection, strategy, seed, rnd)
+
+
+SELECTIONS = closed_choice(
+    "client selection method",
+    "method",
+    "shoal.strategies.federated.selection",
+    "shoal.strategies.federated.config",
+    {
+        "all": ("select_all", "AllClientsConfig"),
+        "random": ("select_random", "RandomClientsConfig"),
+        "by_capability": ("select_by_capability", "ByCapabilityConfig"),
+    },
+)
+"""The client selection methods, by their config's `method`."""

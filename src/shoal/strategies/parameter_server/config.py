@@ -8,17 +8,25 @@ which the root config calls once every section is valid.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+import itertools
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
 from shoal.config.base import (
+    RESUME_FIXED,
+    RESUME_SAFE,
     ConfigModel,
     ExistingFile,
     FieldError,
     StrategySection,
     fill_default_tag,
 )
+from shoal.errors import ConfigError
+from shoal.protocols.capabilities import SERVED_TABLES
+from shoal.shape.hosts import Hosts
+from shoal.shape.job import JobShape, Shrink
+from shoal.shape.roles import RankRoles
 
 if TYPE_CHECKING:
     from shoal.config.root import ShoalConfig
@@ -107,13 +115,20 @@ class ParameterServerStrategyConfig(StrategySection):
     """
 
     type: Literal["parameter_server"] = "parameter_server"
+    workers_field: ClassVar[str | None] = "num_workers"
+    #: sync mode splits each global batch over the workers and sums their pushes, so fewer
+    #: workers train the same problem; the shard files re-shard over fewer servers
+    elastic: ClassVar[bool] = True
     num_workers: int = Field(
         2,
         ge=1,
         description="Worker processes (`--workers` overrides it); each trains on its share "
         "of every global batch.",
+        json_schema_extra=RESUME_SAFE,
     )
-    num_servers: int = Field(1, ge=1, description="Servers, i.e. shards of every table.")
+    num_servers: int = Field(
+        1, ge=1, description="Servers, i.e. shards of every table.", json_schema_extra=RESUME_SAFE
+    )
     min_servers: int = Field(
         1,
         ge=1,
@@ -121,12 +136,14 @@ class ParameterServerStrategyConfig(StrategySection):
         "failed faults.max_rank_failures times) leaves the job with one server fewer, its "
         "rows re-sharded over the others from the checkpoint, down to this many. "
         "faults.min_workers counts workers only.",
+        json_schema_extra=RESUME_SAFE,
     )
     placement: Literal["dedicated", "colocated"] = Field(
         "dedicated",
         description="dedicated: servers are processes of their own (num_workers + "
         "num_servers ranks); colocated: each server runs as a thread inside a worker "
         "(num_servers <= num_workers), dealt over the hosts (see colocate_by_host).",
+        json_schema_extra=RESUME_SAFE,
     )
     colocate_by_host: bool = Field(
         True,
@@ -138,6 +155,7 @@ class ParameterServerStrategyConfig(StrategySection):
     sharding: ShardingConfig = Field(
         default_factory=HashShardingConfig,
         description="Which server owns a row: kind = hash (default) | range | file.",
+        json_schema_extra=RESUME_SAFE,
     )
     mode: Literal["sync", "async", "bounded"] = Field(
         "sync", description="Consistency: sync | async | bounded (see max_staleness)."
@@ -153,19 +171,24 @@ class ParameterServerStrategyConfig(StrategySection):
         gt=0,
         description="The longest a server holds a pull for slower workers before it "
         "fails the job naming them.",
+        json_schema_extra=RESUME_SAFE,
     )
     optimizer: RowOptimizerConfig = Field(
         default_factory=RowSGDConfig,
         description="The server-side optimizer for rows: kind = sgd | adagrad | lazy_adam.",
+        json_schema_extra=RESUME_FIXED,
     )
     prefetch: bool = Field(
-        True, description="Pull the next batch's rows while the current batch computes."
+        True,
+        description="Pull the next batch's rows while the current batch computes.",
+        json_schema_extra=RESUME_SAFE,
     )
     max_message_rows: int = Field(
         65536,
         ge=1,
         description="The most rows one message carries; larger pulls and pushes are split, "
         "and a server rejects a header announcing more.",
+        json_schema_extra=RESUME_SAFE,
     )
     worker_memory_budget_mb: float | None = Field(
         None,
@@ -173,6 +196,7 @@ class ParameterServerStrategyConfig(StrategySection):
         description="If set, a worker checks that the rows it may hold at once (a batch, "
         "its prefetch and its gradients) fit in this many MiB, and fails "
         "before training otherwise.",
+        json_schema_extra=RESUME_SAFE,
     )
 
     @model_validator(mode="before")
@@ -200,14 +224,119 @@ class ParameterServerStrategyConfig(StrategySection):
     def world_size(self) -> int:
         return self.num_workers + (self.num_servers if self.placement == "dedicated" else 0)
 
+    # ------------------------------------------------------------ the shape
+    def server_ranks(self, hosts: Hosts | None) -> list[int]:
+        """The rank that runs each server.
+
+        dedicated: ranks W..W+S-1. colocated by host: the first rank of every host in
+        host order, then the second rank of every host, ... (on one host: ranks
+        0..S-1), so the tables and the pulls they serve are spread over the machines.
+        """
+        count = self.num_servers
+        if self.placement == "dedicated":
+            return list(range(self.num_workers, self.num_workers + count))
+        if not self.colocate_by_host or hosts is None:
+            return list(range(count))
+        groups = [[r for r in ranks if r < self.num_workers] for ranks in hosts.groups]
+        dealt = [r for tier in itertools.zip_longest(*groups) for r in tier if r is not None]
+        return dealt[:count]
+
+    def roles(self, hosts: Hosts | None) -> RankRoles:
+        dedicated = self.placement == "dedicated"
+        return RankRoles.parameter_server(self.num_workers, self.server_ranks(hosts), dedicated)
+
+    def shape(self, config: ShoalConfig, hosts: Hosts | None = None) -> JobShape:
+        """Workers and servers; under `faults.max_restarts` a dedicated server is restarted
+        alone (rejoin.py), a co-located one is not: it shares a worker's process, whose
+        state died with it."""
+        roles = self.roles(hosts)
+        alone: set[int] = set()
+        notes: dict[int, str] = {}
+        if config.faults.max_restarts:
+            if self.placement == "dedicated":
+                alone = set(roles.servers)
+            else:
+                notes = {
+                    rank: f"rank {rank} runs a worker beside its server (placement colocated): "
+                    "its worker's state died with it, so every rank restarts"
+                    for rank in roles.servers
+                }
+        return JobShape(
+            roles,
+            {"workers": self.num_workers, "servers": self.num_servers},
+            elastic=self.elastic,
+            alone=frozenset(alone),
+            alone_notes=notes,
+        )
+
+    def without_rank(self, config: ShoalConfig, rank: int) -> Shrink | None:
+        """Elastic membership, two floors. A worker given up: one worker fewer, down to
+        `faults.min_workers` (which counts workers only), the same global batch (each
+        worker trains its share of it, and sync mode sums the shares' pushes); co-located
+        servers never outnumber the workers left. A dedicated server given up: one server
+        fewer, down to `strategy.min_servers`; every server of the next attempt reads the
+        rows it now owns, with their row-optimizer state, from every shard file of the
+        checkpoint it resumes from (shards.py: `load_shards` re-shards)."""
+        if self.placement == "dedicated" and rank >= self.num_workers:
+            servers = self.num_servers - 1
+            if servers < self.min_servers:
+                return None
+            return Shrink(
+                self.model_copy(update={"num_servers": servers}),
+                {"workers": self.num_workers, "servers": servers},
+                f"strategy.min_servers = {self.min_servers}",
+            )
+        workers = self.num_workers - 1
+        floor = config.faults.min_workers
+        if workers < floor:
+            return None
+        servers = (
+            self.num_servers if self.placement == "dedicated" else min(self.num_servers, workers)
+        )
+        return Shrink(
+            self._sized(workers, servers),
+            {"workers": workers, "servers": servers},
+            f"faults.min_workers = {floor}",
+        )
+
+    def fitted(self, config: ShoalConfig, world_size: int) -> ParameterServerStrategyConfig:
+        """The roles of `world_size` processes (torchrun's world after a host was lost or
+        came back). Dedicated: the configured servers stay while enough ranks are left for
+        `max(1, faults.min_workers)` workers (else fewer servers, down to
+        `strategy.min_servers`), and workers fill the rest; colocated: every process is a
+        worker, with at most as many servers. Resuming re-shards the tables over the servers
+        (`load_shards`); a worker's share is whole chunks, so any count trains the same."""
+        if world_size == self.world_size:
+            return self
+        if self.placement == "colocated":
+            return self._sized(world_size, min(self.num_servers, world_size))
+        needed = max(1, config.faults.min_workers)
+        servers = max(min(self.num_servers, world_size - needed), self.min_servers)
+        workers = world_size - servers
+        if workers < 1:
+            raise ConfigError(
+                f"strategy: {world_size} processes started, and a parameter-server job needs "
+                f"strategy.min_servers ({self.min_servers}) dedicated servers and a worker; "
+                f"start at least {self.min_servers + 1}"
+            )
+        return self._sized(workers, servers)
+
+    def _sized(self, workers: int, servers: int) -> ParameterServerStrategyConfig:
+        """This section with `workers` workers and `servers` servers (min_servers lowered to
+        the servers where it would exceed them)."""
+        update = {"num_workers": workers, "num_servers": servers}
+        return self.model_copy(update={**update, "min_servers": min(self.min_servers, servers)})
+
     @property
     def staleness_bound(self) -> int | None:
         """The most clocks a pull may run ahead of the slowest worker (None: unbounded)."""
         return {"sync": 0, "bounded": self.max_staleness, "async": None}[self.mode]
 
     def check(self, config: ShoalConfig) -> None:
-        """The shared loop's length rule, then what servers applying pushes as they come allow."""
+        """The shared loop's length rule, a task whose tables servers can hold, then what
+        servers applying pushes as they come allow."""
         super().check(config)
+        self.require(SERVED_TABLES, config)
         train, faults = config.train, config.faults
         if train.micro_batches != 1:
             raise FieldError(

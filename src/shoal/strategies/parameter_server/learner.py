@@ -25,11 +25,11 @@ from torch import nn
 from shoal.checkpoint.parts import Fixed, StatePart
 from shoal.config.train import TrainConfig
 from shoal.errors import TrainingHalted
+from shoal.protocols.capabilities import SERVED_TABLES
+from shoal.protocols.task import LossOutput, Task
 from shoal.strategies.parameter_server.client import PendingPull, RowClient
 from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
 from shoal.strategies.parameter_server.wire import Op
-from shoal.tasks.base import LossOutput
-from shoal.tasks.kge.task import KGETask
 from shoal.training.batching import EpochPlan, local_share, steps_per_epoch
 from shoal.training.contracts import GradientSync
 from shoal.training.meter import StepStats
@@ -142,7 +142,7 @@ class ServerLearner:
 
     def __init__(
         self,
-        task: KGETask,
+        task: Task,
         model: nn.Module,
         sync: ServerSync,
         served: ServedRows,
@@ -151,6 +151,7 @@ class ServerLearner:
         share: tuple[int, int],
     ) -> None:
         self.task = task
+        self.tables = SERVED_TABLES.of(task, "parameter_server")
         self.model = model
         self.sync = sync
         self.served = served
@@ -185,7 +186,7 @@ class ServerLearner:
         started = time.perf_counter()
         # whole chunks of negatives: the same negatives on any number of workers (elastic)
         batch = self.task.train_batch(local_share(global_batch, *self.share, self.task.batch_unit))
-        entity_ids, relation_ids = self.task.rows_touched(batch)
+        entity_ids, relation_ids = self.tables.rows_touched(batch)
         self._data_s += time.perf_counter() - started
         return batch, self.client.pull(entity_ids, relation_ids, step)
 

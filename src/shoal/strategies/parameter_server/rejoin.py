@@ -77,7 +77,7 @@ import torch.distributed as dist
 
 from shoal.comm.links import CommGroup, PairGroups, PeerTimeout
 from shoal.errors import JobFailed
-from shoal.runtime.hosts import Hosts
+from shoal.shape.hosts import Hosts
 from shoal.strategies.parameter_server.wire import Header
 
 POLL_S = 0.1

@@ -20,7 +20,7 @@ from shoal.strategies.parameter_server.config import (
     RangeShardingConfig,
     ShardingConfig,
 )
-from shoal.tasks.textfile import read_text
+from shoal.textfile import read_text
 
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)

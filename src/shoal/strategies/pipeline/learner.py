@@ -41,6 +41,8 @@ from torch.distributed.tensor import DTensor
 from shoal.checkpoint.parts import Custom, StatePart
 from shoal.config.train import TrainConfig
 from shoal.errors import ShoalError
+from shoal.protocols.capabilities import PIPELINE_STAGES
+from shoal.protocols.task import LossOutput, Task
 from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.memory import peak_memory_bytes
@@ -48,10 +50,8 @@ from shoal.strategies.pipeline.measure import StageClock, gather_figures
 from shoal.strategies.pipeline.stages import (
     PipelinePlace,
     bubble_theory,
-    describe_stage_rank,
     stage_indices,
 )
-from shoal.tasks.base import LossOutput, Task
 from shoal.training.contracts import AgreeingSync, unscaled_grads
 from shoal.training.faults import straggle
 from shoal.training.learner import Learner
@@ -124,9 +124,6 @@ class PipelineSync(AgreeingSync):
     @property
     def agree_device(self) -> torch.device:
         return self.ctx.device
-
-    def describe_rank(self, rank: int) -> str:
-        return describe_stage_rank(rank, self.ranks, self.local)
 
     def stages_of(self, rank: int) -> list[int]:
         """The stages `rank` holds (the pipeline is the world)."""
@@ -224,6 +221,7 @@ class StageLearner(Learner):
         model = place.model
         super().__init__(task, model, sync, train, total_steps, share=share, norm_every=norm_every)
         self.full = full
+        self.stages = PIPELINE_STAGES.of(task, "pipeline")  # batches in, the last stage's loss
         self.group = group  # the pipeline's ranks (None: the world)
         self.microbatches = microbatches
         self.ctx = sync.ctx
@@ -273,7 +271,7 @@ class StageLearner(Learner):
     def forward_backward(
         self, local: torch.Tensor, scale: float, loss_scale: float
     ) -> tuple[torch.Tensor, dict[str, torch.Tensor], int]:
-        inputs, targets = self.task.pipeline_batch(self.task.train_batch(local))  # type: ignore[attr-defined]
+        inputs, targets = self.stages.pipeline_batch(self.task.train_batch(local))
         self._scale, self._outputs = scale * loss_scale, []
         args = (inputs,) if self.place.has_first else ()
         target = targets if self.place.has_last else None
@@ -296,7 +294,7 @@ class StageLearner(Learner):
         """The last stage's loss of one micro-batch, as the schedule backpropagates it."""
         started = time.perf_counter()
         with self.precision.autocast():
-            out: LossOutput = self.task.pipeline_loss(output, target)  # type: ignore[attr-defined]
+            out: LossOutput = self.stages.pipeline_loss(output, target)
         self._outputs.append(out)
         loss = out.loss_sum * self._scale
         straggle(started)  # `[faults.inject] kind = "slow"`: a slower machine

@@ -1,6 +1,6 @@
 """Measuring what each block costs, on this worker, with real batches, before training.
 
-Each block runs as the one-block stage it would be (`model.stage(i, i)`: the
+Each block runs as the one-block stage it would be (the task's `pipeline_stage`: the
 first carries the embeddings, the last the final norm, the head and the loss),
 forward then backward, on the activations the blocks before it produced for a
 real training batch. Time is the median over the batches of the forward +
@@ -50,16 +50,17 @@ class BlockCosts:
 
 
 def profile_blocks(
-    model: Any,
+    model: nn.Module,
+    cut: Callable[[int, int], nn.Module],
     blocks: int,
     batches: Sequence[tuple[torch.Tensor, torch.Tensor]],
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     state_bytes_per_param: float,
     autocast: Callable[[], AbstractContextManager[Any]],
 ) -> BlockCosts:
-    """Time and size every block of `model` (which has `stage(first, last)`) on `batches`
-    of (inputs, targets)."""
-    stages: list[nn.Module] = [model.stage(i, i) for i in range(blocks)]
+    """Time and size every block of `model`, each as the one-block stage `cut(i, i)`, on
+    `batches` of (inputs, targets)."""
+    stages: list[nn.Module] = [cut(i, i) for i in range(blocks)]
     seconds: list[list[float]] = [[] for _ in range(blocks)]
     activations = [0] * blocks
     weights = {p.untyped_storage().data_ptr() for p in model.parameters()}

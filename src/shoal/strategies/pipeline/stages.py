@@ -32,19 +32,8 @@ from torch.distributed.pipelining import (
     ScheduleInterleaved1F1B,
 )
 
+from shoal.shape.job import stage_indices
 from shoal.strategies.pipeline.partition import Partition
-
-
-def stage_indices(group_rank: int, ranks: int, local: int) -> list[int]:
-    """The stages rank `group_rank` holds (loop placement)."""
-    return [group_rank + k * ranks for k in range(local)]
-
-
-def describe_stage_rank(rank: int, ranks: int, local: int) -> str:
-    """'rank 1 (pipeline stage 1)', 'rank 0 (pipeline stages 0, 2)'."""
-    held = stage_indices(rank, ranks, local)
-    word = "stage" if len(held) == 1 else "stages"
-    return f"rank {rank} (pipeline {word} {', '.join(map(str, held))})"
 
 
 @dataclass
@@ -82,21 +71,34 @@ def join_stages(modules: list[nn.Module]) -> nn.Module:
     for module in modules:
         if next(module.parameters(recurse=False), None) is not None:
             raise ValueError("a stage's parameters must sit in its children to be joined")
-        for name, child in module.named_children():
-            held = joined._modules.get(name)
-            if isinstance(child, nn.ModuleDict) and isinstance(held, nn.ModuleDict):
-                held.update(dict(child.items()))
-            elif held is not None:
-                raise ValueError(f"two stages of one rank both hold {name!r}")
-            elif isinstance(child, nn.ModuleDict):  # a dict of its own, to merge into
-                joined.add_module(name, nn.ModuleDict(dict(child.items())))
-            else:
-                joined.add_module(name, child)
+        _merge(joined, module)
     return joined
 
 
+def _is_container(module: nn.Module) -> bool:
+    """A module that only holds others by name (a dict of blocks, a path's parent)."""
+    holds = type(module) in (nn.Module, nn.ModuleDict)
+    return holds and next(module.parameters(recurse=False), None) is None
+
+
+def _merge(into: nn.Module, module: nn.Module) -> None:
+    """`module`'s children into `into`, containers merged by name at every depth."""
+    for name, child in module.named_children():
+        held = into._modules.get(name)
+        if held is None and _is_container(child):
+            held = nn.ModuleDict() if isinstance(child, nn.ModuleDict) else nn.Module()
+            into.add_module(name, held)
+            _merge(held, child)
+        elif held is None:
+            into.add_module(name, child)
+        elif _is_container(held) and _is_container(child):
+            _merge(held, child)
+        else:
+            raise ValueError(f"two stages of one rank both hold {name!r}")
+
+
 def build_stages(
-    model: Any,
+    cut: Callable[[int, int], nn.Module],
     partition: Partition,
     group: dist.ProcessGroup | None,
     group_rank: int,
@@ -104,7 +106,8 @@ def build_stages(
     device: torch.device,
     prepare: Callable[[nn.Module], nn.Module] | None = None,
 ) -> PipelinePlace:
-    """This rank's stages of `model` (anything with `stage(first, last)`, e.g. the lm).
+    """This rank's stages, each `cut(first, last)` of the model (the task's
+    `pipeline_stage`, sharing the full model's modules).
 
     `prepare` lays each stage module out before torch's stage wraps it (a hybrid mesh
     shards it over its tensor and data dimensions); without it the stages share the
@@ -113,7 +116,7 @@ def build_stages(
     if total % ranks:
         raise ValueError(f"{total} stages do not spread evenly over {ranks} ranks")
     indices = stage_indices(group_rank, ranks, total // ranks)
-    modules = [model.stage(*partition[i]) for i in indices]
+    modules = [cut(*partition[i]) for i in indices]
     if prepare is not None:
         modules = [prepare(module) for module in modules]
     stages = [

@@ -29,15 +29,16 @@ from typing import Any, ClassVar
 from torch import nn
 
 from shoal.config.base import FieldError
-from shoal.config.root import ShoalConfig
 from shoal.errors import ShoalError
+from shoal.protocols.capabilities import PIPELINE_STAGES, PipelineStages
+from shoal.protocols.task import Task
 from shoal.runtime.collectives import gather_bytes
-from shoal.runtime.roles import RankRoles
 from shoal.strategies.base import Strategy
 from shoal.strategies.pipeline.config import (
     PipelineFields,
     PipelineStrategyConfig,
     check_partitions,
+    split_partitions,
 )
 from shoal.strategies.pipeline.learner import PipelineRecord, PipelineSync, StageLearner
 from shoal.strategies.pipeline.partition import (
@@ -53,41 +54,25 @@ from shoal.strategies.pipeline.stages import (
     PipelinePlace,
     build_schedule,
     build_stages,
-    describe_stage_rank,
 )
-from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan
 from shoal.training.contracts import GradientSync
 from shoal.training.learner import Learner
-from shoal.training.loop import Run
+from shoal.training.loop import ModelOfRecord, Run
 from shoal.training.precision import Precision
-from shoal.training.state import TrainProgress
-from shoal.training.steps import StepCollaborators, StepLoop
+from shoal.training.steps import StepLoop
 
 
-class PipelineStrategy(Strategy):
+class PipelineStrategy(Strategy[PipelineFields]):
     """Pipeline parallelism over every rank (one pipeline, world = stages)."""
 
     config_class: ClassVar[type[PipelineStrategyConfig]] = PipelineStrategyConfig
-    workers_field: ClassVar[str | None] = "stages"
-    # how the model is cut and scheduled changes neither the maths nor the saved state
-    resume_safe: ClassVar[tuple[str, ...]] = (
-        "partitions",
-        "balance",
-        "balance_batches",
-        "schedule",
-        "microbatches",
-        "virtual_stages",
-        "rebalance",
-        "rebalance_threshold",
-    )
-    #: their checkpoints hold the whole model and one optimizer state, as this one's do
-    resumes_from: ClassVar[tuple[str, ...]] = ("local", "data_parallel")
 
     #: this rank's learner (a hybrid mesh's stages save through DCP)
     learner_class: ClassVar[type[StageLearner]] = StageLearner
 
     task: Task
+    stages: PipelineStages
     place: PipelinePlace
     sync: PipelineSync
     learner: StageLearner
@@ -98,52 +83,17 @@ class PipelineStrategy(Strategy):
     #: a checkpoint's partition, to go on at once it has loaded (rebalance only)
     saved_partition: Partition | None = None
 
-    @property
-    def config(self) -> PipelineFields:
-        config = self.ctx.config.strategy
-        assert isinstance(config, PipelineFields)
-        return config
-
-    @classmethod
-    def world_size(cls, config: ShoalConfig) -> int:
-        assert isinstance(config.strategy, PipelineStrategyConfig)
-        return config.strategy.stages
-
-    @classmethod
-    def describe_rank(cls, config: ShoalConfig, rank: int) -> str:
-        assert isinstance(config.strategy, PipelineStrategyConfig)
-        return describe_stage_rank(rank, config.strategy.stages, config.strategy.local_stages)
-
-    def make_roles(self) -> RankRoles:
-        """One pipeline over the world, stage r on rank r (a 1-D mesh keeps rank order, see
-        runtime/placement.py); the log says which hosts it spans."""
-        world = self.ctx.world_size
-        return RankRoles.mesh(world, {"pipeline": world}, self.ctx.hosts)
-
     def run(self, task: Task) -> dict[str, Any]:
         self.task = task
-        collaborators = StepCollaborators(
-            make_learner=self._learner,
-            model_of_record=lambda learner, _progress: PipelineRecord(self.ctx, self.learner),
-            section=self._section,
-            before_checkpoint=self._before_checkpoint,
-            after_restore=self._after_restore,
-        )
-        return self.drive(task, StepLoop(self.ctx, task, self, collaborators))
+        self.stages = PIPELINE_STAGES.of(task, "pipeline")
+        return self.drive(task, lambda run: PipelineLoop(run, self))
 
     # ------------------------------------------------------------ building
     def attach(self, model: nn.Module) -> GradientSync:
         """Cut `model` (the full model, the same on every rank) into this rank's stages."""
-        ctx = self.ctx
-        blocks = getattr(model, "blocks", None)
-        if not hasattr(model, "stage") or not isinstance(blocks, nn.ModuleDict):
-            raise ShoalError(
-                f"strategy pipeline: the {ctx.config.task.type} task's model cannot be cut into "
-                "stages (it needs `blocks` and `stage(first, last)`, as the lm task's has); "
-                'use [task] type = "lm" or another strategy'
-            )
         self._check_batches()
-        self.partition = self._partition(model, len(blocks))
+        names = self.stages.pipeline_block_names(model)
+        self.partition = self._partition(model, len(names), names)
         self.place = self._place(model)
         self.sync = self._sync(model)
         return self.sync
@@ -151,14 +101,20 @@ class PipelineStrategy(Strategy):
     def _place(self, model: nn.Module) -> PipelinePlace:
         """This rank's stages: one pipeline over the world, sharing the full model's modules."""
         ctx = self.ctx
-        return build_stages(model, self.partition, None, ctx.rank, ctx.world_size, ctx.device)
+        return build_stages(
+            self.cut(model), self.partition, None, ctx.rank, ctx.world_size, ctx.device
+        )
+
+    def cut(self, model: nn.Module) -> Any:
+        """`(first, last) -> stage` of `model`, as the task cuts it."""
+        return lambda first, last: self.stages.pipeline_stage(model, first, last)
 
     def _sync(self, model: nn.Module) -> PipelineSync:
         named = {id(p): n for n, p in model.named_parameters()}
         local = [(named[id(p)], p) for m in self.place.modules for p in m.parameters()]
         return PipelineSync(self.ctx, local, self.place)
 
-    def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
+    def make_learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         config = self.config
 
         def schedule(loss_fn: Any) -> Any:
@@ -199,7 +155,7 @@ class PipelineStrategy(Strategy):
                 "a pipeline needs whole batches: lower it"
             )
 
-    def _partition(self, model: nn.Module, blocks: int) -> Partition:
+    def _partition(self, model: nn.Module, blocks: int, names: list[str]) -> Partition:
         config, ctx = self.config, self.ctx
         total = config.total_stages
         if total > blocks:
@@ -208,12 +164,18 @@ class PipelineStrategy(Strategy):
                 f"{blocks}: use fewer stages"
             )
         rebalance = config.rebalance != "off"
-        if config.partitions is not None:
+        given = config.partitions
+        if config.split_points is not None:
             try:
-                check_partitions(config.partitions, total, blocks)
+                given = split_partitions(config.split_points, names, total)
+            except FieldError as error:
+                raise ShoalError(f"strategy.split_points: {error}") from None
+        if given is not None:
+            try:
+                check_partitions(given, total, blocks)
             except FieldError as error:
                 raise ShoalError(f"strategy.partitions: {error}") from None
-            partition = [(int(a), int(b)) for a, b in config.partitions]
+            partition = [(int(a), int(b)) for a, b in given]
             if ctx.is_main:
                 ctx.log.info("pipeline partition (given): %s", describe_partition(partition))
             if rebalance:  # the blocks' costs, to weigh other partitions against it
@@ -245,7 +207,7 @@ class PipelineStrategy(Strategy):
         self.rebalancer = Rebalancer(self.ctx, costs.seconds, ranks, config.rebalance_threshold)
 
     # ------------------------------------------------------------ re-balancing
-    def _before_checkpoint(self, run: Run) -> None:
+    def rebalance(self, run: Run) -> None:
         """Collective: weigh the partition on the speeds measured since the last checkpoint;
         move to the best one if it gains more than the threshold; record the decision."""
         rebalancer = self.rebalancer
@@ -339,7 +301,7 @@ class PipelineStrategy(Strategy):
             return
         self.saved_partition = [(int(a), int(b)) for a, b in saved]
 
-    def _after_restore(self, _step: int) -> None:
+    def after_restore(self) -> None:
         saved, self.saved_partition = self.saved_partition, None
         if saved is None or saved == self.partition:
             return
@@ -358,17 +320,17 @@ class PipelineStrategy(Strategy):
         )
         task.set_epoch(0)
         count = min(self.config.balance_batches, plan.num_steps)
+        stages = self.stages
         batches = [
-            task.pipeline_batch(task.train_batch(plan.global_batch(i)))  # type: ignore[attr-defined]
-            for i in range(count)
+            stages.pipeline_batch(task.train_batch(plan.global_batch(i))) for i in range(count)
         ]
 
         def loss(output: Any, targets: Any) -> Any:
-            return task.pipeline_loss(output, targets).loss_sum / train.batch_size  # type: ignore[attr-defined]
+            return stages.pipeline_loss(output, targets).loss_sum / train.batch_size
 
         precision = Precision(train.mixed_precision, ctx.device)
         mine = profile_blocks(
-            model, blocks, batches, loss, _state_factor(train), precision.autocast
+            model, self.cut(model), blocks, batches, loss, _state_factor(train), precision.autocast
         )
         ranks = [json.loads(b) for b in gather_bytes(ctx, json.dumps(mine.__dict__).encode())]
         return BlockCosts(
@@ -378,14 +340,14 @@ class PipelineStrategy(Strategy):
         )
 
     # ------------------------------------------------------------ results
-    def _section(self, _progress: TrainProgress) -> dict[str, Any]:
+    def section(self) -> dict[str, Any]:
         config = self.config
         section: dict[str, Any] = {
             "schedule": config.schedule,
             "microbatches": config.microbatches,
             "virtual_stages": config.local_stages,
             "partition": [list(p) for p in self.partition],
-            "balanced_by": None if config.partitions is not None else config.balance,
+            "balanced_by": None if config.given() else config.balance,
         }
         if self.shares is not None and self.costs is not None:
             section["shares"] = self.shares
@@ -416,3 +378,25 @@ def _state_factor(train: Any) -> float:
     if kind == "sgd" and getattr(train.optimizer, "momentum", 0):
         slots = 1
     return 2.0 + slots
+
+
+class PipelineLoop(StepLoop):
+    """The step loop with a pipeline's learner (stages under a schedule), its full model as
+    the model of record, its re-balance before checkpoints and its results section."""
+
+    strategy: PipelineStrategy
+
+    def make_learner(self, model: nn.Module, sync: GradientSync) -> Learner:
+        return self.strategy.make_learner(model, sync, self.total_steps)
+
+    def make_record(self) -> ModelOfRecord:
+        return PipelineRecord(self.ctx, self.strategy.learner)
+
+    def before_checkpoint(self) -> None:
+        self.strategy.rebalance(self.run)
+
+    def after_restore(self) -> None:
+        self.strategy.after_restore()
+
+    def section(self) -> dict[str, Any]:
+        return {**super().section(), **self.strategy.section()}

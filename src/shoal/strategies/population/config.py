@@ -18,39 +18,52 @@ dropout = { kind = "choice", values = [0.0, 0.1, 0.2, 0.3] }
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel, StrategySection, fill_default_tag
+from shoal.config.base import (
+    RESUME_FIXED,
+    RESUME_SAFE,
+    ConfigModel,
+    FieldError,
+    StrategySection,
+    fill_default_tag,
+)
+from shoal.shape.hosts import Hosts
+from shoal.shape.roles import RankRoles
+from shoal.strategies.population.knobs import check_search_space, primary_metric, resolve_metric
 
 
-class LogRange(ConfigModel):
+class _Range(ConfigModel):
+    """Values between `low` and `high`."""
+
+    low: float = Field(..., description="Smallest value.")
+    high: float = Field(..., description="Largest value.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> _Range:
+        if self.high <= self.low:
+            raise ValueError(f"high ({self.high:g}) must exceed low ({self.low:g})")
+        return self
+
+    def bounds(self) -> tuple[float, float]:
+        """The smallest and largest value."""
+        return self.low, self.high
+
+
+class LogRange(_Range):
     """Values between `low` and `high`, drawn uniformly in log space (for lr, weight decay)."""
 
     kind: Literal["log"] = "log"
     low: float = Field(..., gt=0, description="Smallest value (> 0).")
     high: float = Field(..., gt=0, description="Largest value.")
 
-    @model_validator(mode="after")
-    def _ordered(self) -> LogRange:
-        if self.high <= self.low:
-            raise ValueError(f"high ({self.high:g}) must exceed low ({self.low:g})")
-        return self
 
-
-class LinearRange(ConfigModel):
+class LinearRange(_Range):
     """Values between `low` and `high`, drawn uniformly (for momentum, dropout)."""
 
     kind: Literal["linear"] = "linear"
-    low: float = Field(..., description="Smallest value.")
-    high: float = Field(..., description="Largest value.")
-
-    @model_validator(mode="after")
-    def _ordered(self) -> LinearRange:
-        if self.high <= self.low:
-            raise ValueError(f"high ({self.high:g}) must exceed low ({self.low:g})")
-        return self
 
 
 class Choice(ConfigModel):
@@ -60,6 +73,10 @@ class Choice(ConfigModel):
     values: list[float] = Field(
         ..., min_length=2, description="The values, in the order perturbation walks them."
     )
+
+    def bounds(self) -> tuple[float, float]:
+        """The smallest and largest value."""
+        return min(self.values), max(self.values)
 
 
 Distribution = Annotated[LogRange | LinearRange | Choice, Field(discriminator="kind")]
@@ -127,20 +144,27 @@ class PopulationStrategyConfig(StrategySection):
     """Population-based training: members train in generations, then exploit and explore."""
 
     type: Literal["population_based"] = "population_based"
+    workers_field: ClassVar[str | None] = "workers"
+    in_process: ClassVar[bool] = True
     population_size: int = Field(
-        8, ge=2, description="Members of the population (may exceed workers: they time-share)."
+        8,
+        ge=2,
+        description="Members of the population (may exceed workers: they time-share).",
+        json_schema_extra=RESUME_FIXED,
     )
     workers: int = Field(
         1,
         ge=1,
         description="Worker processes `shoal train` starts on this machine; members are "
         "dealt round-robin to them (`--workers` overrides it).",
+        json_schema_extra=RESUME_SAFE,
     )
     balance: Literal["static", "dynamic"] = Field(
         "static",
         description="Where members train: static (member m on worker m mod workers) or dynamic "
         "(after each generation, members are re-placed by the workers' measured step times, "
         "moving with their whole state; what each member computes does not change).",
+        json_schema_extra=RESUME_SAFE,
     )
     ready_interval: int = Field(
         100, ge=1, description="Training steps of every member between exploit/explore rounds."
@@ -150,6 +174,7 @@ class PopulationStrategyConfig(StrategySection):
         ge=1,
         description="Generations to train; each member then trains generations * "
         "ready_interval steps, at most the [train] budget (default: the [train] budget).",
+        json_schema_extra=RESUME_SAFE,
     )
     metric: str | None = Field(
         None,
@@ -178,6 +203,7 @@ class PopulationStrategyConfig(StrategySection):
         ge=0,
         description="Write a checkpoint every N generations (0: only at the end); the "
         "[checkpoint] every_steps and every_epochs settings do not apply.",
+        json_schema_extra=RESUME_SAFE,
     )
 
     @model_validator(mode="before")
@@ -194,3 +220,21 @@ class PopulationStrategyConfig(StrategySection):
                 "every worker needs a member; use at most population_size workers"
             )
         return self
+
+    def roles(self, hosts: Hosts | None) -> RankRoles:
+        """Member m lives on worker m mod workers; every worker holds one at least."""
+        field = "strategy.population_size"
+        return RankRoles.hosting(self.workers, "member", self.population_size, items_field=field)
+
+    def check(self, config: Any) -> None:
+        """The loop's length; a schedule members can follow; a search space this job can
+        tune; a metric whose direction is known."""
+        super().check(config)
+        if config.train.lr_decay == "plateau":
+            raise FieldError(
+                ("train", "lr_decay"),
+                '"plateau" follows the trainer\'s validation, which population members do not '
+                "run; use constant, linear or cosine (and tune lr in the search space)",
+            )
+        check_search_space(config)
+        resolve_metric(self, primary_metric(config))

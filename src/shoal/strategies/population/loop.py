@@ -37,16 +37,15 @@ from typing import Any
 
 import numpy as np
 
-from shoal.checkpoint.parts import Custom, FilePart, RankRngs, StatePart
+from shoal.checkpoint.parts import Custom, RankRngs, StatePart
 from shoal.comm.codec import recv_tree, send_tree
 from shoal.comm.links import CommGroup
-from shoal.errors import ConfigError, ShoalError
+from shoal.errors import ShoalError
 from shoal.runtime.collectives import gather_bytes
-from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import seed_everything
-from shoal.runtime.roles import RankRoles
-from shoal.runtime.stop import STOP
+from shoal.shape.roles import RankRoles
 from shoal.strategies.population.config import PopulationStrategyConfig
+from shoal.strategies.population.knobs import resolve_metric
 from shoal.strategies.population.lineage import Generation, MemberRecord, schedule
 from shoal.strategies.population.member import GenerationStats, Member
 from shoal.strategies.population.operators import (
@@ -56,6 +55,8 @@ from shoal.strategies.population.operators import (
     EXPLORES,
     INIT_STREAM,
     Copy,
+    ExploitFn,
+    ExploreFn,
     fitness,
     stream,
 )
@@ -64,11 +65,10 @@ from shoal.strategies.population.plot import PLOT_FILE, PlotFollower
 from shoal.strategies.population.record import BestMember, best_member
 from shoal.strategies.population.reporting import GenerationReport
 from shoal.strategies.population.schedule import MemberScheduler
-from shoal.strategies.population.space import sample_all
-from shoal.tasks.base import Task
+from shoal.strategies.population.space import sample_population
 from shoal.training.batching import steps_per_epoch
 from shoal.training.faults import InjectedFault, maybe_inject_fault
-from shoal.training.loop import ModelOfRecord, Plan, Run
+from shoal.training.loop import ModelOfRecord, Plan, Run, UnitLoop
 from shoal.training.meter import PHASES, RankPhases
 
 #: a generation's per-worker phases: its members' steps' (the step loop's), their
@@ -85,20 +85,21 @@ def member_seed(seed: int, member: int) -> int:
     return int(np.random.SeedSequence([seed, member]).generate_state(1)[0])
 
 
-class PopulationLoop:
+class PopulationLoop(UnitLoop):
     """The generation loop on one worker: its members, the population's book."""
 
     def __init__(
         self,
-        ctx: WorkerContext,
-        task: Task,
+        run: Run,
         config: PopulationStrategyConfig,
         roles: RankRoles,
         peers: CommGroup,
         describe: str,
     ) -> None:
         """`peers`: the group members' states travel on (exploit copies, checkpoints)."""
-        self.ctx, self.roles, self.task, self.config = ctx, roles, task, config
+        super().__init__(run)
+        ctx, task = self.ctx, self.task
+        self.roles, self.config = roles, config
         self.peers = peers
         self.describe, self.train = describe, ctx.config.train
         # each worker scores its own members, which the others do not have: the task's
@@ -107,7 +108,7 @@ class PopulationLoop:
         self.alone = task.on(solo)
         self.size = config.population_size
         self.space = config.search_space
-        self.metric, self.mode = resolve_metric(config, type(task))
+        self.metric, self.mode = resolve_metric(config, task.primary_metric)
         self.plot = PlotFollower(ctx.paths.root / PLOT_FILE, self.metric, self.space)
         self._fault_fired = False
         self._sent_mark = 0  # this rank's bytes sent to peers until the last generation
@@ -115,11 +116,8 @@ class PopulationLoop:
         dynamic = config.balance == "dynamic" and ctx.world_size > 1
         self.scheduler = MemberScheduler(ctx.world_size) if dynamic else None
         self._members_part: Members | None = None
-
-    # ------------------------------------------------------------ setup
-    def setup(self, run: Run) -> Plan:
-        ctx, train, config = self.ctx, self.train, self.config
-        self.run, self.progress = run, run.progress
+        self._last_generation = time.perf_counter()
+        train = self.train
         if config.split not in self.task.eval_splits():
             raise ShoalError(
                 f"strategy.split: task {ctx.config.task.type} has no split {config.split!r}; "
@@ -137,7 +135,7 @@ class PopulationLoop:
         self.total_steps = int(min(limits))
         self.generations = math.ceil(self.total_steps / config.ready_interval)
         self.book = PopulationBook(
-            [sample_all(self.space, stream(train.seed, INIT_STREAM, m)) for m in range(self.size)]
+            sample_population(self.space, self.size, stream(train.seed, INIT_STREAM))
         )
         self.members: dict[int, Member] = {}
         for m in range(self.size):
@@ -152,7 +150,7 @@ class PopulationLoop:
         self.report = GenerationReport(
             run, self.roles, self.metric, self.mode, config.split, self.generations
         )
-        return Plan(
+        self.plan = Plan(
             unit="generation",
             total=self.total_steps,
             line=(
@@ -163,7 +161,6 @@ class PopulationLoop:
             eval_every=1,
             steps_per_unit=config.ready_interval,
             checkpoint_every=config.checkpoint_every,
-            validation=self._validation,
             selection=(config.split, self.metric, self.mode),
             optional_parts=("placement",),  # older checkpoints lack it
         )
@@ -181,9 +178,6 @@ class PopulationLoop:
             "rng": RankRngs(self.ctx),
         }
 
-    def file_parts(self) -> list[FilePart]:
-        return []
-
     def after_restore(self) -> None:
         """Lines of later generations before this one are of the lost attempt: say where
         this one resumed."""
@@ -200,10 +194,7 @@ class PopulationLoop:
     def model_of_record(self) -> ModelOfRecord:
         return self.record
 
-    def observe_metric(self, value: float, direction: str) -> None:
-        """Nothing follows it: a plateau schedule is refused for populations."""
-
-    def _validation(self) -> dict[str, dict[str, float]]:
+    def validation(self) -> dict[str, dict[str, float]]:
         """The best member's figures of the latest generation, measured by its worker."""
         generation = self.book.history[-1]
         self.record.current = best_member(generation, self.mode)
@@ -224,21 +215,11 @@ class PopulationLoop:
             self.plot.follow(self.book.history)
         return False
 
-    def next_epoch(self) -> None:
-        """Each member keeps its own data position."""
-
-    def agree_stop(self) -> int:
-        """At the generation boundary, alike on every worker."""
-        return STOP.agree(self.ctx)
-
     def flush(self) -> None:
         """Every generation is recorded as it ends; a run in which no validation selected a
         best member tests the latest best one."""
         if self.book.history:
             self.record.take_latest()
-
-    def close(self) -> None:
-        """Nothing to release: the members' models go with the process."""
 
     # ------------------------------------------------------------ a generation
     def _generation(self, g: int) -> None:
@@ -427,8 +408,8 @@ class PopulationLoop:
                 f"member 0: {self.book.history[-1].members[0].error}"
             )
         seed = self.train.seed
-        exploit = EXPLOITS.get(self.config.exploit.method)
-        explore = EXPLORES.get(self.config.explore.method)
+        exploit: ExploitFn = EXPLOITS.load(self.config.exploit.method)
+        explore: ExploreFn = EXPLORES.load(self.config.explore.method)
         copies = exploit(fit, self.config.exploit, stream(seed, EXPLOIT_STREAM, g))
         self._copy_states(copies)
         self.book.parents = [None] * self.size
@@ -526,19 +507,3 @@ class PopulationLoop:
             "replaced": self.book.replaced,
             "plot": str(self.plot.path),
         }
-
-
-def resolve_metric(config: PopulationStrategyConfig, task_class: type[Task]) -> tuple[str, str]:
-    """The metric that ranks members and its direction: the config's, else the task's."""
-    primary, direction = task_class.primary_metric
-    metric = config.metric or primary
-    if config.mode is not None:
-        return metric, config.mode
-    if metric == primary:
-        return metric, direction
-    if metric == "loss":
-        return metric, "min"
-    raise ConfigError(
-        f'strategy.mode: required with metric = {metric!r}: set mode = "max" if a higher '
-        f'{metric} is better, else mode = "min"'
-    )

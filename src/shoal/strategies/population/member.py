@@ -21,11 +21,11 @@ import torch
 from torch import nn
 
 from shoal.errors import ShoalError, TrainingHalted
+from shoal.protocols.task import Task
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.rng import capture_rng, restore_rng, seed_everything
 from shoal.strategies.population.hyperparams import apply_hyperparameters
 from shoal.strategies.population.space import Hyperparameters
-from shoal.tasks.base import Task
 from shoal.training.batching import EpochPlan
 from shoal.training.contracts import LocalGradientSync
 from shoal.training.learner import Learner

@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from shoal.registry import Registry
+from shoal.plugins.registry import closed_choice
 from shoal.strategies.population.config import (
     BinaryConfig,
     Distribution,
@@ -129,10 +129,28 @@ ExploreFn = Callable[
     [Hyperparameters, Mapping[str, Distribution], Any, np.random.Generator], Hyperparameters
 ]
 
-EXPLOITS: Registry[ExploitFn] = Registry("exploit method")
-EXPLOITS.add("truncation", truncation)
-EXPLOITS.add("binary", binary)
 
-EXPLORES: Registry[ExploreFn] = Registry("explore method")
-EXPLORES.add("perturbation", perturbation)
-EXPLORES.add("resample", resample)
+EXPLOITS = closed_choice(
+    "exploit method",
+    "method",
+    "shoal.strategies.population.operators",
+    "shoal.strategies.population.config",
+    {
+        "truncation": ("truncation", "TruncationConfig"),
+        "binary": ("binary", "BinaryConfig"),
+    },
+)
+"""The exploit methods, by their config's `method`."""
+
+
+EXPLORES = closed_choice(
+    "explore method",
+    "method",
+    "shoal.strategies.population.operators",
+    "shoal.strategies.population.config",
+    {
+        "perturbation": ("perturbation", "PerturbationConfig"),
+        "resample": ("resample", "ResampleConfig"),
+    },
+)
+"""The explore methods, by their config's `method`."""

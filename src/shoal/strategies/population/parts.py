@@ -20,7 +20,7 @@ from shoal.comm.codec import recv_tree, send_tree
 from shoal.comm.links import CommGroup
 from shoal.errors import ShoalError
 from shoal.runtime.context import WorkerContext
-from shoal.runtime.roles import RankRoles
+from shoal.shape.roles import RankRoles
 from shoal.strategies.population.lineage import Generation
 from shoal.strategies.population.member import Member
 from shoal.strategies.population.record import BestMember

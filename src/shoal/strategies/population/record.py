@@ -24,7 +24,7 @@ from shoal.checkpoint.integrity import load_checkpoint
 from shoal.comm.codec import recv_tree, send_tree
 from shoal.comm.links import CommGroup
 from shoal.runtime.context import WorkerContext
-from shoal.runtime.roles import RankRoles
+from shoal.shape.roles import RankRoles
 from shoal.strategies.population.lineage import Generation
 from shoal.strategies.population.member import Member
 from shoal.strategies.population.operators import fitness

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from shoal.runtime.roles import RankRoles
+from shoal.shape.roles import RankRoles
 from shoal.strategies.population.lineage import Generation
 from shoal.strategies.population.member import GenerationStats, Member
 from shoal.strategies.population.operators import fitness

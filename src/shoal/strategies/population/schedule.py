@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 
-from shoal.runtime.roles import RankRoles, longest_first
+from shoal.shape.roles import RankRoles, longest_first
 from shoal.strategies.population.member import GenerationStats
 from shoal.training.balance import smoothed
 

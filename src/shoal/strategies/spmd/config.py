@@ -7,12 +7,18 @@ Each names the sizes of its mesh dimensions (`dims`): tensor_parallel
 
 from __future__ import annotations
 
+import math
 from abc import abstractmethod
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field
 
-from shoal.config.base import FieldError, StrategySection
+from shoal.config.base import LEARNERS, RESUME_SAFE, FieldError, StrategySection
+from shoal.protocols.capabilities import SHARD_UNITS, TENSOR_PLAN
+from shoal.protocols.layouts import Style, block_classes, meta_model, nearest, pattern_names
+from shoal.shape.hosts import Hosts
+from shoal.shape.job import mesh_labels
+from shoal.shape.roles import RankRoles
 from shoal.strategies.pipeline.config import PipelineFields
 
 #: mesh dimensions, outermost first (rank = row-major index over them)
@@ -20,12 +26,17 @@ DIMENSIONS = ("data", "pipeline", "tensor")
 
 
 class SpmdSection(StrategySection):
-    """What the three share: the lm model, the mesh's rules against it."""
+    """What the three share: a mesh, and the task's capabilities and rules on it."""
+
+    workers_field: ClassVar[str | None] = "degree"
+    # the mesh may change on resume: the checkpoint's pieces reshard by name (DCP)
+    resumes_from: ClassVar[tuple[str, ...]] = LEARNERS
 
     sequence_parallel: bool = Field(
         False,
         description="Shard the activations between blocks along the sequence over the tensor "
         "dimension (norms and residual dropout work on each rank's part; Korthikanti et al.).",
+        json_schema_extra=RESUME_SAFE,
     )
 
     place_by_host: bool = Field(
@@ -33,6 +44,21 @@ class SpmdSection(StrategySection):
         description="Lay the mesh out by host: tensor (then pipeline) groups inside a host "
         "where they fit, data across hosts, whatever the launcher's rank numbers; false: "
         "ranks in row-major rank order.",
+        json_schema_extra=RESUME_SAFE,
+    )
+    plan: dict[str, Style] | None = Field(
+        None,
+        description="A tensor dimension's plan by module path pattern (`*` matches one part), "
+        'e.g. { "model.layers.*.self_attn.q_proj" = "colwise", "model.layers.*.self_attn.'
+        'o_proj" = "rowwise" }: colwise | rowwise | colwise_gather (a head, its output '
+        "gathered) | rowwise_embedding (an embedding by vocabulary rows) | sequence_parallel. "
+        "Unset: the task's plan (shoal's lm, a Hugging Face model's family).",
+    )
+    wrap: list[str] | None = Field(
+        None,
+        description="A sharded data dimension's units by class name, each gathered on its own "
+        'before the whole model, e.g. ["LlamaDecoderLayer"]. Unset: the task\'s blocks (the '
+        "largest list of same-class children).",
     )
 
     @abstractmethod
@@ -44,36 +70,57 @@ class SpmdSection(StrategySection):
     def data_mode(self) -> str:
         return "sharded"
 
+    def worker_count(self) -> int:
+        return math.prod(self.dims().values())
+
+    def roles(self, hosts: Hosts | None) -> RankRoles:
+        dims = self.dims()
+        return RankRoles.mesh(math.prod(dims.values()), dims, hosts if self.place_by_host else None)
+
+    def rank_labels(self, roles: RankRoles) -> tuple[str, ...]:
+        """'rank 3 (data 1, tensor 1)': the launcher names a dead or hung rank so."""
+        return mesh_labels(roles)
+
     def dims_field(self, dim: str) -> tuple[str, ...]:
         """The field that sets dimension `dim` (for error messages)."""
         return ("strategy", "degree")
 
     def check(self, config: Any) -> None:
         super().check(config)
-        task = config.task
-        if task.type != "lm":
-            raise FieldError(
-                ("strategy", "type"),
-                f"{self.type} splits the lm task's transformer (its blocks and projections); "  # type: ignore[attr-defined]
-                f'task.type is "{task.type}": use type = "data_parallel" for it',
-            )
-        tensor = self.dims().get("tensor", 1)
-        model = task.model
-        if tensor > 1 and model.heads % tensor:
-            raise FieldError(
-                self.dims_field("tensor"),
-                f"a tensor degree of {tensor} does not divide task.model.heads ({model.heads}): "
-                "each rank computes whole heads; choose a divisor of the heads",
-            )
-        if tensor > 1 and model.tie_embeddings:
-            raise FieldError(
-                ("task", "model", "tie_embeddings"),
-                "the embedding is split by vocabulary rows and the head by columns under tensor "
-                "parallelism, so they cannot share one weight; set tie_embeddings = false",
-            )
+        dims = self.dims()
+        if "tensor" in dims and self.plan is None:
+            self.require(TENSOR_PLAN, config)
+        if self.data_mode() == "sharded" and "data" in dims and self.wrap is None:
+            self.require(SHARD_UNITS, config)
+        self._check_names(config)
+        self.check_task_layout(config, dims, {dim: self.dims_field(dim) for dim in dims})
+        tensor = dims.get("tensor", 1)
         if self.sequence_parallel and tensor == 1:
             raise FieldError(
                 ("strategy", "sequence_parallel"), "needs a tensor dimension larger than 1"
+            )
+
+    def _check_names(self, config: Any) -> None:
+        """A plan's patterns and the wrapped classes name parts of the task's model (built on
+        the meta device, when the task can say: `TaskSection.meta_model`)."""
+        if self.plan is None and self.wrap is None:
+            return
+        model = meta_model(config)
+        if model is None:
+            return
+        for pattern in self.plan or {}:
+            if not pattern_names(model, pattern):
+                near = ", ".join(nearest(model, pattern)) or "none"
+                raise FieldError(
+                    ("strategy", "plan", pattern),
+                    f"names no module of {type(model).__name__}; nearest: {near}",
+                )
+        missing = sorted(set(self.wrap or ()) - {type(m).__name__ for m in model.modules()})
+        if missing:
+            raise FieldError(
+                ("strategy", "wrap"),
+                f"{type(model).__name__} has no module of class {', '.join(missing)}; its "
+                f"repeated blocks are {', '.join(block_classes(model)) or 'none'}",
             )
 
 
@@ -82,7 +129,10 @@ class TensorParallelStrategyConfig(SpmdSection):
 
     type: Literal["tensor_parallel"] = "tensor_parallel"
     degree: int = Field(
-        2, ge=1, description="Ranks that share each block's heads and hidden units (`--workers`)."
+        2,
+        ge=1,
+        description="Ranks that share each block's heads and hidden units (`--workers`).",
+        json_schema_extra=RESUME_SAFE,
     )
 
     def dims(self) -> dict[str, int]:
@@ -98,6 +148,7 @@ class FullyShardedStrategyConfig(SpmdSection):
         ge=1,
         description="Ranks the parameters are sharded over; each trains on its slice of every "
         "global batch (`--workers`).",
+        json_schema_extra=RESUME_SAFE,
     )
 
     def dims(self) -> dict[str, int]:
@@ -111,15 +162,18 @@ class HybridStrategyConfig(SpmdSection, PipelineFields):
     strategy: each pipeline of the mesh cuts the model into stages."""
 
     type: Literal["hybrid"] = "hybrid"
+    workers_field: ClassVar[str | None] = None  # its mesh names every dimension's size
     mesh: dict[str, int] = Field(
         description="Sizes of the mesh dimensions (data, pipeline, tensor); their product is "
         "the number of worker processes. Data outermost; across hosts tensor (then pipeline) "
-        "groups lie inside a host (see place_by_host)."
+        "groups lie inside a host (see place_by_host).",
+        json_schema_extra=RESUME_SAFE,
     )
     data: Literal["sharded", "replicated"] = Field(
         "sharded",
         description="The data dimension: sharded (FSDP: parameters, gradients and optimizer "
         "state sharded over it) or replicated (gradients all-reduced over it, block by block).",
+        json_schema_extra=RESUME_SAFE,
     )
 
     def dims(self) -> dict[str, int]:

@@ -39,21 +39,15 @@ from shoal.checkpoint.dcp_io import ShardedModelPart
 from shoal.checkpoint.parts import StatePart
 from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
-from shoal.runtime.roles import RankRoles
+from shoal.shape.job import stage_indices
+from shoal.shape.roles import RankRoles
 from shoal.strategies.pipeline.learner import PipelineSync, StageLearner
-from shoal.strategies.pipeline.stages import PipelinePlace, build_stages, stage_indices
+from shoal.strategies.pipeline.stages import PipelinePlace, build_stages
 from shoal.strategies.pipeline.strategy import PipelineStrategy
 from shoal.strategies.spmd.config import HybridStrategyConfig
 from shoal.strategies.spmd.layout import build_mesh, lay_out
 from shoal.strategies.spmd.sync import SpmdGradientSync
 from shoal.training.learner import Learner
-from shoal.training.state import TrainProgress
-
-
-def describe_mesh_rank(roles: RankRoles, rank: int) -> str:
-    """'rank 3 (data 1, pipeline 1)': a rank with its mesh coordinates."""
-    coords = roles.coordinates(rank)
-    return f"rank {rank} ({', '.join(f'{k} {v}' for k, v in coords.items())})"
 
 
 class MeshPipelineSync(PipelineSync):
@@ -79,9 +73,6 @@ class MeshPipelineSync(PipelineSync):
     def norm_share(self) -> torch.Tensor:
         """The stage's pieces no other rank of its data and tensor dimensions counts."""
         return self.grads.norm_share()
-
-    def describe_rank(self, rank: int) -> str:
-        return describe_mesh_rank(self.roles, rank)
 
     def stages_of(self, rank: int) -> list[int]:
         """The stages at `rank`'s pipeline coordinate (loop placement, as in the pipeline)."""
@@ -118,17 +109,9 @@ class MeshPipelineStrategy(PipelineStrategy):
     """The pipeline strategy along the mesh's pipeline dimension (see the module docstring).
     `HybridStrategy` hands a mesh with a pipeline dimension to it."""
 
+    config: HybridStrategyConfig  # a hybrid mesh's section (a PipelineFields)
+
     learner_class = MeshStageLearner
-
-    @property
-    def config(self) -> HybridStrategyConfig:
-        config = self.ctx.config.strategy
-        assert isinstance(config, HybridStrategyConfig)
-        return config
-
-    def make_roles(self) -> RankRoles:
-        hosts = self.ctx.hosts if self.config.place_by_host else None
-        return RankRoles.mesh(self.ctx.world_size, self.config.dims(), hosts)
 
     @property
     def coords(self) -> dict[str, int]:
@@ -143,13 +126,30 @@ class MeshPipelineStrategy(PipelineStrategy):
 
         def prepare(stage: nn.Module) -> nn.Module:
             mine = copy.deepcopy(stage)  # the full model stays whole, for evaluation
-            lay_out(mine, self.mesh, self.inner, config.data_mode(), False, bf16)
+            lay_out(
+                self.task,
+                "hybrid",
+                mine,
+                self.mesh,
+                self.inner,
+                config.data_mode(),
+                False,
+                bf16,
+                config.plan,
+                config.wrap,
+            )
             return mine
 
         group = self.mesh["pipeline"].get_group()
         coords = self.coords
         return build_stages(
-            model, self.partition, group, coords["pipeline"], dims["pipeline"], ctx.device, prepare
+            self.cut(model),
+            self.partition,
+            group,
+            coords["pipeline"],
+            dims["pipeline"],
+            ctx.device,
+            prepare,
         )
 
     def _sync(self, model: nn.Module) -> PipelineSync:
@@ -170,8 +170,8 @@ class MeshPipelineStrategy(PipelineStrategy):
             "counted": coords.get("tensor", 0) == 0,
         }
 
-    def _section(self, progress: TrainProgress) -> dict[str, Any]:
-        section = super()._section(progress)
+    def section(self) -> dict[str, Any]:
+        section = super().section()
         section["pipeline"]["mesh"] = self.config.dims()
         return section
 

@@ -13,7 +13,6 @@ group must run the same batches, and the figures need no reduction.
 
 from __future__ import annotations
 
-import math
 import resource
 from dataclasses import replace
 from typing import Any, ClassVar
@@ -21,12 +20,12 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from shoal.config.root import ShoalConfig
 from shoal.errors import ShoalError
+from shoal.protocols.task import Task
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
-from shoal.runtime.roles import RankRoles
-from shoal.strategies.base import LEARNERS, Strategy
+from shoal.shape.job import JobShape
+from shoal.strategies.base import Strategy
 from shoal.strategies.spmd.config import (
     FullyShardedStrategyConfig,
     HybridStrategyConfig,
@@ -34,54 +33,21 @@ from shoal.strategies.spmd.config import (
     TensorParallelStrategyConfig,
 )
 from shoal.strategies.spmd.layout import build_mesh, lay_out
-from shoal.strategies.spmd.pipeline_mesh import MeshPipelineStrategy, describe_mesh_rank
+from shoal.strategies.spmd.pipeline_mesh import MeshPipelineStrategy
 from shoal.strategies.spmd.sync import SpmdGradientSync, local
-from shoal.tasks.base import Task
 from shoal.training.contracts import GradientSync
 from shoal.training.learner import Learner
-from shoal.training.state import TrainProgress
-from shoal.training.steps import StepCollaborators, StepLearner, StepLoop
+from shoal.training.steps import StepLoop
 
 
-class SpmdStrategy(Strategy):
+class SpmdStrategy(Strategy[SpmdSection]):
     """The mesh from the config's dims, the model laid out on it, the step loop."""
 
     #: each of the three registered subclasses names its own (SpmdSection is abstract)
     config_class: ClassVar[type[SpmdSection]]
-    workers_field: ClassVar[str | None] = "degree"
-    # the mesh may change on resume: the checkpoint's pieces reshard by name (DCP)
-    resume_safe: ClassVar[tuple[str, ...]] = (
-        "degree",
-        "mesh.*",
-        "data",
-        "sequence_parallel",
-        "place_by_host",
-    )
-    resumes_from: ClassVar[tuple[str, ...]] = LEARNERS
 
     sync: SpmdGradientSync
-
-    @property
-    def config(self) -> SpmdSection:
-        config = self.ctx.config.strategy
-        assert isinstance(config, SpmdSection)
-        return config
-
-    @classmethod
-    def world_size(cls, config: ShoalConfig) -> int:
-        assert isinstance(config.strategy, SpmdSection)
-        return math.prod(config.strategy.dims().values())
-
-    @classmethod
-    def describe_rank(cls, config: ShoalConfig, rank: int) -> str:
-        """'rank 3 (data 1, tensor 1)': the launcher names a dead or hung rank so."""
-        assert isinstance(config.strategy, SpmdSection)
-        dims = config.strategy.dims()
-        return describe_mesh_rank(RankRoles.mesh(math.prod(dims.values()), dims), rank)
-
-    def make_roles(self) -> RankRoles:
-        hosts = self.ctx.hosts if self.config.place_by_host else None
-        return RankRoles.mesh(self.ctx.world_size, self.config.dims(), hosts)
+    learner: Learner
 
     def attach(self, model: nn.Module) -> GradientSync:
         ctx, config = self.ctx, self.config
@@ -90,12 +56,16 @@ class SpmdStrategy(Strategy):
         coords = self.roles.coordinates(ctx.rank)
         where = ", ".join(f"{k} {v}" for k, v in coords.items())
         sharded = lay_out(
+            self._task,
+            config.type,  # type: ignore[attr-defined]
             model,
             self.mesh,
             dims,
             config.data_mode(),
             config.sequence_parallel,
             ctx.config.train.mixed_precision == "bf16",
+            config.plan,
+            config.wrap,
         )
         replicated = config.data_mode() == "replicated" and dims.get("data", 1) > 1
         self.sync = SpmdGradientSync(model, self.mesh, dims, replicated, where)
@@ -125,15 +95,9 @@ class SpmdStrategy(Strategy):
         solo = replace(ctx, rank=0, world_size=1, backend=None, heartbeat=None, group=None)
         view = task.on(solo)  # evaluation: every rank every window (see the module docstring)
         self._task = view
-        collaborators = StepCollaborators(
-            build_model=lambda: view.build_model().to(ctx.device),
-            make_learner=self._learner,
-            section=self._memory,
-        )
-        loop = StepLoop(ctx, view, self, collaborators)
-        return self.drive(view, loop)
+        return self.drive(view, lambda run: SpmdLoop(run, self))
 
-    def _learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> StepLearner:
+    def make_learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         train = self.ctx.config.train
         index, count = self.data_share()
         self._task_size_check(count)
@@ -160,7 +124,7 @@ class SpmdStrategy(Strategy):
                 "smaller)"
             )
 
-    def _memory(self, progress: TrainProgress) -> dict[str, Any]:
+    def memory(self) -> dict[str, Any]:
         """Collective: each rank's bytes of parameters, gradients and optimizer state (its
         local shards) and its peak resident memory."""
         learner = self.learner
@@ -196,6 +160,19 @@ def _bytes(tensors: Any) -> int:
     return total
 
 
+class SpmdLoop(StepLoop):
+    """The step loop with the learner on this rank's data slice, and each rank's memory in
+    results.json."""
+
+    strategy: SpmdStrategy
+
+    def make_learner(self, model: nn.Module, sync: GradientSync) -> Learner:
+        return self.strategy.make_learner(model, sync, self.total_steps)
+
+    def section(self) -> dict[str, Any]:
+        return {**super().section(), **self.strategy.memory()}
+
+
 class TensorParallelStrategy(SpmdStrategy):
     config_class = TensorParallelStrategyConfig
 
@@ -209,10 +186,9 @@ class HybridStrategy(SpmdStrategy):
     is the pipeline strategy's along it (`pipeline_mesh.py`)."""
 
     config_class = HybridStrategyConfig
-    workers_field = None
 
-    def __new__(cls, ctx: WorkerContext) -> Any:
+    def __new__(cls, ctx: WorkerContext, shape: JobShape | None = None) -> Any:
         strategy = ctx.config.strategy
         if isinstance(strategy, HybridStrategyConfig) and "pipeline" in strategy.mesh:
-            return MeshPipelineStrategy(ctx)
+            return MeshPipelineStrategy(ctx, shape)
         return super().__new__(cls)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
-from pydantic import Field, ValidationInfo, model_validator
+from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel, ExistingFile, fill_default_tag
+from shoal.config.base import RESUME_FIXED, ConfigModel, ExistingFile, TaskSection, fill_default_tag
+from shoal.protocols.capabilities import CLASS_LABELS, CLIENT_FILES, Capability
+from shoal.tasks.user_code import FACTORY_PATTERN, FactoryOptions
 
 
 class SyntheticDataConfig(ConfigModel):
@@ -22,9 +23,9 @@ class SyntheticDataConfig(ConfigModel):
 
     source: Literal["synthetic"] = "synthetic"
     samples: int = Field(10_000, ge=2, description="Number of samples (train + validation).")
-    features: int = Field(32, ge=1, description="Input dimensions.")
+    features: int = Field(32, ge=1, description="Input dimensions.", json_schema_extra=RESUME_FIXED)
     informative: int = Field(8, ge=1, description="Dimensions that carry the class signal.")
-    classes: int = Field(4, ge=2, description="Number of classes.")
+    classes: int = Field(4, ge=2, description="Number of classes.", json_schema_extra=RESUME_FIXED)
     clusters_per_class: int = Field(3, ge=1, description="Gaussian clusters per class.")
     class_sep: float = Field(1.0, gt=0, description="Distance scale between clusters.")
     noise: float = Field(0.05, ge=0, lt=1, description="Fraction of labels flipped at random.")
@@ -65,13 +66,14 @@ class FileDataConfig(ConfigModel):
         description="Number of classes (integer labels are ids 0..classes-1; named labels at "
         "most this many). Default: inferred from the labels, which are then checked for a "
         "class id far beyond the others and for classes of a single sample.",
+        json_schema_extra=RESUME_FIXED,
     )
     features_key: str = Field("x", description="NPZ: name of the features array.")
     labels_key: str = Field("y", description="NPZ: name of the labels array.")
     split_seed: int = Field(0, ge=0, description="Seed of the train/validation split.")
 
 
-class PythonDataConfig(ConfigModel):
+class PythonDataConfig(FactoryOptions):
     """A user's function `module:function` that returns the datasets (and optionally the model).
 
     The function is called with `options` as keyword arguments and returns a dict
@@ -84,26 +86,9 @@ class PythonDataConfig(ConfigModel):
     source: Literal["python"] = "python"
     factory: str = Field(
         ...,
-        pattern=r"^[A-Za-z_][\w.]*:[A-Za-z_]\w*$",
+        pattern=FACTORY_PATTERN,
         description="`package.module:function` returning the datasets and optionally the model.",
     )
-    options: dict[str, Any] = Field(
-        default_factory=dict, description="Keyword arguments passed to the factory."
-    )
-    import_dir: str | None = Field(
-        None,
-        description="Folder the factory's module is imported from, before the current "
-        "directory (default: the config file's folder).",
-    )
-
-    @model_validator(mode="after")
-    def _resolve_import_dir(self, info: ValidationInfo) -> PythonDataConfig:
-        base = (info.context or {}).get("base_dir")
-        if self.import_dir is None:
-            self.import_dir = base
-        elif base is not None and not Path(self.import_dir).is_absolute():
-            self.import_dir = str((Path(base) / self.import_dir).resolve())
-        return self
 
 
 ClassificationDataConfig = Annotated[
@@ -115,7 +100,9 @@ class MLPConfig(ConfigModel):
     """A multi-layer perceptron: Linear layers with an activation and dropout between them."""
 
     hidden: list[Annotated[int, Field(ge=1)]] = Field(
-        [128, 128], description="Widths of the hidden layers (empty: a linear model)."
+        [128, 128],
+        description="Widths of the hidden layers (empty: a linear model).",
+        json_schema_extra=RESUME_FIXED,
     )
     activation: Literal["relu", "gelu", "tanh", "silu"] = Field(
         "relu", description="Activation between layers."
@@ -125,7 +112,7 @@ class MLPConfig(ConfigModel):
     )
 
 
-class ClassificationTaskConfig(ConfigModel):
+class ClassificationTaskConfig(TaskSection):
     """Supervised classification with cross-entropy; reports loss and accuracy."""
 
     type: Literal["classification"] = "classification"
@@ -134,6 +121,10 @@ class ClassificationTaskConfig(ConfigModel):
         description="Where the samples come from: source = synthetic (default) | file | python.",
     )
     model: MLPConfig = Field(default_factory=MLPConfig, description="The MLP to train.")
+
+    primary_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
+    tunable: ClassVar[dict[str, tuple[float, float]]] = {"dropout": (0.0, 1.0)}
+    offers: ClassVar[frozenset[Capability[Any]]] = frozenset({CLASS_LABELS, CLIENT_FILES})
 
     @model_validator(mode="before")
     @classmethod

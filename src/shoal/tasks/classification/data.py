@@ -7,8 +7,6 @@ every split together, with the checks that catch a label set that looks wrong.
 
 from __future__ import annotations
 
-import importlib
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,6 +24,7 @@ from shoal.tasks.classification.config import (
 from shoal.tasks.classification.files import read_table
 from shoal.tasks.classification.labels import LabelColumn, LabelSpace, encode, fit_labels
 from shoal.tasks.classification.samples import DatasetSamples, Samples, TensorSamples
+from shoal.tasks.user_code import import_factory
 
 FACTORY_CLASSES = "'num_classes' in the factory's result"
 
@@ -180,26 +179,12 @@ def _as_samples(value: Any, what: str, factory: str) -> Samples:
     )
 
 
-def import_factory(spec: str, search_dirs: list[Path]) -> Any:
-    """Import `module:function`, looking in `search_dirs` first (the config's folder, the cwd)."""
-    module_name, _, function_name = spec.partition(":")
-    for folder in reversed(search_dirs):
-        if str(folder) not in sys.path:
-            sys.path.insert(0, str(folder))
+def call_factory(config: PythonDataConfig) -> ClassificationData:
     try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ShoalError(f"task.data.factory: cannot import {module_name!r}: {exc}") from None
-    try:
-        return getattr(module, function_name)
-    except AttributeError:
-        raise ShoalError(
-            f"task.data.factory: module {module_name!r} has no function {function_name!r}"
-        ) from None
-
-
-def call_factory(config: PythonDataConfig, search_dirs: list[Path]) -> ClassificationData:
-    built = import_factory(config.factory, search_dirs)(**config.options)
+        function = import_factory(config.factory, config.import_dir)
+    except ShoalError as exc:
+        raise ShoalError(f"task.data.factory: {exc}") from None
+    built = function(**config.options)
     if isinstance(built, tuple) and len(built) == 3:
         built = {"model": built[0], "train": built[1], "valid": built[2]}
     if not isinstance(built, dict) or "train" not in built:

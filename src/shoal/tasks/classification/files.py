@@ -5,7 +5,7 @@ A bad value surfaces here, as `file:line: column 'x': ...`, never later as
 be finite numbers that fit in float32 (1e39 parses as a float but becomes inf
 when the features are stored), the header must name every column once, every
 row must have the header's width. The text itself (gzip, a byte-order mark,
-bytes that are not UTF-8) is read by `tasks/textfile.py`, as every text input is.
+bytes that are not UTF-8) is read by `shoal/textfile.py`, as every text input is.
 Labels stay as read (text or ids) until `labels.py` has seen every file.
 """
 
@@ -23,7 +23,7 @@ import numpy as np
 from shoal.errors import DataError
 from shoal.tasks.classification.config import FileDataConfig
 from shoal.tasks.classification.labels import LabelColumn, is_number
-from shoal.tasks.textfile import read_text
+from shoal.textfile import read_text
 
 CSV_TEXT = "expected a CSV text with a header row"
 

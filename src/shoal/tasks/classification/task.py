@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any, ClassVar
 
 import torch
@@ -10,9 +9,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from shoal.errors import ShoalError
+from shoal.protocols.task import LossOutput, Task, move_to, rank_slice
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
-from shoal.tasks.base import LossOutput, Task, move_to, rank_slice
 from shoal.tasks.classification.config import (
     ClassificationTaskConfig,
     FileDataConfig,
@@ -36,8 +35,7 @@ def load_data(config: ClassificationTaskConfig) -> ClassificationData:
     if isinstance(data, FileDataConfig):
         return load_files(data)
     if isinstance(data, PythonDataConfig):
-        dirs = [Path(data.import_dir)] if data.import_dir else []
-        return call_factory(data, [*dirs, Path.cwd()])
+        return call_factory(data)
     return make_synthetic(data)
 
 
@@ -45,14 +43,6 @@ class ClassificationTask(Task):
     """Cross-entropy on (input, label) samples; reports loss and accuracy."""
 
     config_class: ClassVar[type[ClassificationTaskConfig]] = ClassificationTaskConfig
-
-    primary_metric: ClassVar[tuple[str, str]] = ("accuracy", "max")
-    tunable: ClassVar[dict[str, tuple[float, float]]] = {"dropout": (0.0, 1.0)}
-    resume_incompatible: ClassVar[tuple[str, ...]] = (
-        "model.hidden",
-        "data.features",
-        "data.classes",
-    )
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)

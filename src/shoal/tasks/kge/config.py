@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, ClassVar, Literal
 
 from pydantic import AfterValidator, Field, ValidationInfo, model_validator
 
-from shoal.config.base import ConfigModel, ExistingFile, fill_default_tag, resolve_existing_file
+from shoal.config.base import (
+    RESUME_FIXED,
+    RESUME_SAFE,
+    ConfigModel,
+    ExistingFile,
+    FieldError,
+    TaskSection,
+    fill_default_tag,
+    resolve_existing_file,
+)
 from shoal.plugins.kinds import KGE_LOSSES, KGE_MODELS
+from shoal.protocols.capabilities import SERVED_TABLES, Capability
 from shoal.tasks.kge.loss_config import (
     BCELossConfig,
     LogisticLossConfig,
@@ -66,7 +76,7 @@ class BuiltinDataConfig(ConfigModel):
 
     source: Literal["builtin"] = "builtin"
     name: Literal["nations", "kinships", "umls"] = Field(
-        ..., description="Dataset: nations | kinships | umls."
+        ..., description="Dataset: nations | kinships | umls.", json_schema_extra=RESUME_FIXED
     )
     unseen: Literal["skip", "error"] = Field(
         "skip",
@@ -84,7 +94,11 @@ class FilesDataConfig(ConfigModel):
     """
 
     source: Literal["files"] = "files"
-    train: ExistingFile = Field(..., description="Training triples (relative to the config).")
+    train: ExistingFile = Field(
+        ...,
+        description="Training triples (relative to the config).",
+        json_schema_extra=RESUME_FIXED,
+    )
     valid: ExistingFile | None = Field(
         None, description="Validation triples: periodic evaluation and the best checkpoint."
     )
@@ -226,10 +240,20 @@ class NegativeSamplingConfig(ConfigModel):
         return self
 
 
+#: why a parameter server cannot train a training type that scores every entity
+EVERY_ENTITY_UNSERVED = (
+    "it scores every entity in every step, so a worker would pull the whole entity table "
+    "each step; train it with strategy local or data_parallel, or use negative_sampling"
+)
+
+
 class NegativeSamplingTraining(ConfigModel):
     """Each positive against sampled negatives (`task.negatives`)."""
 
     type: Literal["negative_sampling"] = "negative_sampling"
+    #: whether a batch reads only rows it can name in advance, which a parameter-server
+    #: worker must pull before computing (None: it can; else why not)
+    unserved: ClassVar[str | None] = None
 
 
 class OneVsAllTraining(ConfigModel):
@@ -237,6 +261,7 @@ class OneVsAllTraining(ConfigModel):
     against every entity, the true entity the positive (Lacroix et al., 2018; LibKGE 1vsAll)."""
 
     type: Literal["1vsAll"] = "1vsAll"
+    unserved: ClassVar[str | None] = EVERY_ENTITY_UNSERVED
 
 
 class KvsAllTraining(ConfigModel):
@@ -245,6 +270,7 @@ class KvsAllTraining(ConfigModel):
     A training sample is a query, not a triple."""
 
     type: Literal["KvsAll"] = "KvsAll"
+    unserved: ClassVar[str | None] = EVERY_ENTITY_UNSERVED
     label_smoothing: float = Field(
         0.0,
         ge=0,
@@ -269,6 +295,8 @@ class EvaluationConfig(ConfigModel):
     full ranking's and comparable only with another run's at the same count.
     """
 
+    # ranking and sampled_negatives are unmarked, as `filtered`: they change what the MRR
+    # that picks the best checkpoint measures, so a resume changing them needs --allow-changes
     ranking: Literal["full", "sampled"] = Field(
         "full",
         description="full = against every entity (graphs up to ~100k entities, the figures "
@@ -281,12 +309,20 @@ class EvaluationConfig(ConfigModel):
         description="With ranking = sampled: entities drawn per query and side, without "
         "repetition, never the answer (default 500; at least the entities: full ranking).",
     )
-    batch_size: int = Field(256, ge=1, description="Triples ranked at once (bounds memory).")
+    batch_size: int = Field(
+        256,
+        ge=1,
+        description="Triples ranked at once (bounds memory).",
+        json_schema_extra=RESUME_SAFE,
+    )
     filtered: bool = Field(
         True, description="Leave every other known true triple out of the ranking (Bordes 2013)."
     )
     hits_at: list[Annotated[int, Field(ge=1)]] = Field(
-        [1, 3, 10], min_length=1, description="Report hits@k for these k."
+        [1, 3, 10],
+        min_length=1,
+        description="Report hits@k for these k.",
+        json_schema_extra=RESUME_SAFE,
     )
     max_triples: int | None = Field(
         None,
@@ -299,6 +335,7 @@ class EvaluationConfig(ConfigModel):
         ge=1 << 10,
         description="Largest intermediate (triples x entities x width) of distance-based "
         "scoring, in elements: bounds evaluation memory.",
+        json_schema_extra=RESUME_SAFE,
     )
 
     @model_validator(mode="after")
@@ -323,7 +360,7 @@ def _every_entity_losses() -> str:
     return " or ".join(names)
 
 
-class KGETaskConfig(ConfigModel):
+class KGETaskConfig(TaskSection):
     """Link prediction: learn entity and relation embeddings from (head, relation, tail) triples."""
 
     type: Literal["kge"] = "kge"
@@ -331,13 +368,18 @@ class KGETaskConfig(ConfigModel):
         ...,
         description="The triples: source = builtin (name = ...) | files (train = ...) | "
         "graph (prepared = folder).",
+        json_schema_extra=RESUME_FIXED,
     )
     model: KGEModelConfig = Field(
         ...,
         description=f"Scoring model: type = {' | '.join(KGE_MODELS.names())}.",
+        json_schema_extra=RESUME_FIXED,
     )
     dim: int = Field(
-        200, ge=2, description="Real numbers per entity row (complex models: dim/2 complex)."
+        200,
+        ge=2,
+        description="Real numbers per entity row (complex models: dim/2 complex).",
+        json_schema_extra=RESUME_FIXED,
     )
     training: KGETrainingConfig = Field(
         default_factory=NegativeSamplingTraining,
@@ -362,6 +404,41 @@ class KGETaskConfig(ConfigModel):
         description="Row gradients as sparse tensors: the optimizer (sparse_adam, adagrad or sgd "
         "without momentum) updates only the rows a batch used. Strategy local only.",
     )
+
+    #: its two tables read a batch's rows at a time: parameter servers can hold them
+    primary_metric: ClassVar[tuple[str, str]] = ("mrr", "max")
+    offers: ClassVar[frozenset[Capability[Any]]] = frozenset({SERVED_TABLES})
+
+    def lacks(self, capability: Capability[Any]) -> str | None:
+        """Served tables need a batch that names its rows in advance and a penalty on those
+        rows only."""
+        if capability is SERVED_TABLES:
+            if self.training.unserved is not None:
+                return f"task.training.type = {self.training.type!r}: {self.training.unserved}"
+            regularization = self.regularization
+            if regularization is not None and not regularization.weighted:
+                return (
+                    "task.regularization.weighted = false penalises every row of both tables "
+                    "each step, which a worker never holds; set weighted = true"
+                )
+        return super().lacks(capability)
+
+    def check(self, config: Any) -> None:
+        """Rules between the task and the rest of the job: a chunk of positives fits in a
+        batch; sparse row gradients need a row-wise optimizer and one process."""
+        batch = config.train.batch_size
+        if self.training.type == "negative_sampling" and self.negatives.chunk_size > batch:
+            raise FieldError(
+                ("task", "negatives", "chunk_size"),
+                f"{self.negatives.chunk_size} exceeds train.batch_size ({batch}); make it at "
+                "most the batch size",
+            )
+        if self.sparse_gradients:
+            problem = _sparse_problem(config)
+            if problem is not None:
+                raise FieldError(
+                    ("task", "sparse_gradients"), f"true: {problem} (or set it to false)"
+                )
 
     @model_validator(mode="before")
     @classmethod
@@ -414,3 +491,27 @@ class KGETaskConfig(ConfigModel):
                     "each step; set weighted = true or sparse_gradients = false"
                 )
         return self
+
+
+SPARSE_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd")
+
+
+def _sparse_problem(config: Any) -> str | None:
+    """What keeps sparse row gradients from training this job (None: nothing): a row-wise
+    optimizer and one process (dense buckets cannot carry them; the parameter-server
+    strategy is where sparse rows travel)."""
+    train = config.train
+    kind = train.optimizer.kind
+    if kind not in SPARSE_OPTIMIZERS:
+        choices = ", ".join(SPARSE_OPTIMIZERS)
+        return (
+            f"train.optimizer.kind = {kind!r} cannot apply sparse gradients; use one of {choices}"
+        )
+    if kind == "sgd" and getattr(train.optimizer, "momentum", 0.0) > 0:
+        return "train.optimizer: sgd with momentum cannot apply sparse gradients; set momentum = 0"
+    if not getattr(config.strategy, "carries_sparse_gradients", False):
+        strategy = config.strategy.type
+        return f"strategy {strategy!r} reduces dense gradients; use strategy local"
+    if train.grad_clip_norm is not None:
+        return "train.grad_clip_norm cannot clip sparse gradients; unset it"
+    return None

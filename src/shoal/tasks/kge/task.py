@@ -9,10 +9,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from shoal.errors import ShoalError
+from shoal.protocols.capabilities import ServedTable
+from shoal.protocols.task import LossOutput, Task, rank_slice
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
-from shoal.tasks.base import LossOutput, Task, rank_slice
 from shoal.tasks.kge.config import KGETaskConfig, LogisticLossConfig, MarginRankingLossConfig
 from shoal.tasks.kge.evaluation import (
     FilterIndex,
@@ -22,7 +22,7 @@ from shoal.tasks.kge.evaluation import (
     rank_triples,
 )
 from shoal.tasks.kge.export import export_embeddings, write_id_maps
-from shoal.tasks.kge.models import KGEModel, build_kge_model, relation_table_rows
+from shoal.tasks.kge.models import KGEModel, RowSource, build_kge_model, relation_table_rows
 from shoal.tasks.kge.prepared.progress import PrepareProgress
 from shoal.tasks.kge.training_types import build_training_type
 from shoal.tasks.kge.triples import load_kg
@@ -46,22 +46,6 @@ class KGETask(Task):
 
     config_class: ClassVar[type[KGETaskConfig]] = KGETaskConfig
 
-    primary_metric: ClassVar[tuple[str, str]] = ("mrr", "max")
-    # the training triples give the id maps; model type and dim give the tables' meaning
-    resume_incompatible: ClassVar[tuple[str, ...]] = (
-        "model.type",
-        "dim",
-        "data.source",
-        "data.name",
-        "data.train",
-        "data.prepared",
-    )
-    resume_safe: ClassVar[tuple[str, ...]] = (
-        "evaluation.batch_size",
-        "evaluation.block_elements",
-        "evaluation.hits_at",
-    )
-
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
         config = ctx.config.task
@@ -72,21 +56,11 @@ class KGETask(Task):
         )
         self.num_entities = len(self.data.entities)
         self.num_relations = len(self.data.relations)
-        if (
-            config.training.type == "negative_sampling"
-            and config.negatives.chunk_size > ctx.config.train.batch_size
-        ):
-            raise ShoalError(
-                f"task.negatives.chunk_size ({config.negatives.chunk_size}) exceeds "
-                f"train.batch_size ({ctx.config.train.batch_size}); make it at most the batch size"
-            )
-        if config.sparse_gradients:
-            check_sparse_setup(ctx)
-            # torch's default, said explicitly: left implicit, the first sparse optimizer
-            # step of every run warns that the checks are "implicitly disabled" (a user
-            # who turned the checks on keeps them)
-            if not torch.sparse.check_sparse_tensor_invariants.is_enabled():
-                torch.sparse.check_sparse_tensor_invariants.disable()
+        # sparse gradients (allowed by KGETaskConfig.check): torch's default, said explicitly:
+        # left implicit, the first sparse optimizer step of every run warns that the checks
+        # are "implicitly disabled" (a user who turned the checks on keeps them)
+        if config.sparse_gradients and not torch.sparse.check_sparse_tensor_invariants.is_enabled():
+            torch.sparse.check_sparse_tensor_invariants.disable()
         self.training = build_training_type(config, self.data, ctx.config.train.seed)
         self._ranked: dict[str, torch.Tensor] = {}
         self.embeddings_dir = ctx.paths.root / "embeddings"
@@ -156,6 +130,35 @@ class KGETask(Task):
     def loss(self, model: nn.Module, batch: Any) -> LossOutput:
         assert isinstance(model, KGEModel)
         return self.training.loss(model, batch)
+
+    # ------------------------------------------------------------ served tables
+    def served_tables(self) -> dict[str, ServedTable]:
+        return {
+            "entity": ServedTable(self.data.entities.labels),
+            "relation": ServedTable(self.relation_labels, small=True),
+        }
+
+    def table_weights(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """The model's tables by name (a model built on the meta device: their shapes)."""
+        assert isinstance(model, KGEModel)
+        return {"entity": model.entity.weight, "relation": model.relation.weight}
+
+    def serve(self, model: nn.Module, source: RowSource) -> None:
+        """The model reads its rows from `source` from now on; its tables are dropped."""
+        assert isinstance(model, KGEModel)
+        model.serve_tables(source)
+
+    def rows_held(self, samples: int) -> tuple[int, int]:
+        """Heads and tails of `samples` positives and every chunk's shared negatives; a
+        relation per positive (and its reciprocal)."""
+        negatives = self.config.negatives
+        chunks = -(-samples // negatives.chunk_size)
+        per_chunk = sum(count for _, count in negatives.side_counts)
+        entities = min(self.num_entities, 2 * samples + chunks * per_chunk)
+        return entities, min(self.relation_rows, 2 * samples)
+
+    def eval_batch_size(self) -> int:
+        return self.config.evaluation.batch_size
 
     def eval_splits(self) -> list[str]:
         return ["valid"] if "valid" in self.data.splits else []
@@ -240,27 +243,3 @@ def _prepare_progress(ctx: WorkerContext) -> PrepareProgress:
     if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
         return PrepareProgress("bar", ctx.log.info)
     return PrepareProgress("plain", ctx.log.info)
-
-
-SPARSE_OPTIMIZERS = ("sparse_adam", "adagrad", "sgd")
-
-
-def check_sparse_setup(ctx: WorkerContext) -> None:
-    """Sparse row gradients need a row-wise optimizer and one process (dense buckets cannot
-    carry them; the parameter-server strategy is where sparse rows travel)."""
-    train = ctx.config.train
-    kind = train.optimizer.kind
-    problem = None
-    if kind not in SPARSE_OPTIMIZERS:
-        problem = f"train.optimizer.kind = {kind!r} cannot apply sparse gradients; use one of "
-        problem += ", ".join(SPARSE_OPTIMIZERS)
-    elif kind == "sgd" and getattr(train.optimizer, "momentum", 0.0) > 0:
-        problem = "train.optimizer: sgd with momentum cannot apply sparse gradients; "
-        problem += "set momentum = 0"
-    elif ctx.config.strategy.type != "local":
-        problem = f"strategy {ctx.config.strategy.type!r} reduces dense gradients; "
-        problem += "use strategy local"
-    elif train.grad_clip_norm is not None:
-        problem = "train.grad_clip_norm cannot clip sparse gradients; unset it"
-    if problem:
-        raise ShoalError(f"task.sparse_gradients = true: {problem} (or set it to false)")

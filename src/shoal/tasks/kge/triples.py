@@ -10,7 +10,7 @@ page cache as they are used, never held as Python objects.
 TSV files: CRLF endings are tolerated (FB15k-237 ships with them: a loader that keeps
 the `\\r` counts 27,395 "entities" instead of 14,541), blank lines are skipped; gzip,
 a byte-order mark and bytes that are not text are handled as for every text input
-(`tasks/textfile.py`). A malformed line stops the run before training with
+(`shoal/textfile.py`). A malformed line stops the run before training with
 `file:line: what is wrong`. Entity and relation ids follow the sorted order of the
 labels seen in training.
 """
@@ -33,7 +33,7 @@ from shoal.tasks.kge.prepared.graph import PreparedGraph
 from shoal.tasks.kge.prepared.parse import TRIPLE_LINES, TRIPLES, raise_first_problem, split_block
 from shoal.tasks.kge.prepared.progress import PrepareProgress
 from shoal.tasks.kge.sampling import TrainStats
-from shoal.tasks.textfile import text_blocks
+from shoal.textfile import text_blocks
 
 __all__ = ["TRIPLE_LINES", "KGData", "LabelTriples", "load_kg", "read_triples"]
 

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, model_validator
 
-from shoal.config.base import ConfigModel, ExistingFile
+from shoal.config.base import (
+    RESUME_FIXED,
+    RESUME_SAFE,
+    ConfigModel,
+    ExistingFile,
+    FieldError,
+    TaskSection,
+)
+from shoal.protocols.capabilities import PIPELINE_STAGES, SHARD_UNITS, TENSOR_PLAN, Capability
 
 DEFAULT_SPLIT = 0.9
 
@@ -46,14 +54,30 @@ class LMDataConfig(ConfigModel):
 class LMModelConfig(ConfigModel):
     """Sizes of the decoder-only transformer (the vocabulary comes from the tokenizer)."""
 
-    dim: int = Field(384, ge=1, description="Width of the residual stream (embedding size).")
-    heads: int = Field(6, ge=1, description="Attention heads per block; must divide dim.")
-    layers: int = Field(6, ge=1, description="Transformer blocks.")
+    dim: int = Field(
+        384,
+        ge=1,
+        description="Width of the residual stream (embedding size).",
+        json_schema_extra=RESUME_FIXED,
+    )
+    heads: int = Field(
+        6,
+        ge=1,
+        description="Attention heads per block; must divide dim.",
+        json_schema_extra=RESUME_FIXED,
+    )
+    layers: int = Field(6, ge=1, description="Transformer blocks.", json_schema_extra=RESUME_FIXED)
     mlp_ratio: float = Field(
-        4.0, gt=0, description="Hidden width of each block's MLP, as a multiple of dim."
+        4.0,
+        gt=0,
+        description="Hidden width of each block's MLP, as a multiple of dim.",
+        json_schema_extra=RESUME_FIXED,
     )
     context: int = Field(
-        256, ge=1, description="Tokens the model attends over (a training window's length)."
+        256,
+        ge=1,
+        description="Tokens the model attends over (a training window's length).",
+        json_schema_extra=RESUME_FIXED,
     )
     dropout: float = Field(
         0.0,
@@ -61,17 +85,21 @@ class LMModelConfig(ConfigModel):
         lt=1,
         description="Dropout on embeddings, attention weights and residual branches.",
     )
-    bias: bool = Field(False, description="Biases in the linear layers and norms.")
+    bias: bool = Field(
+        False, description="Biases in the linear layers and norms.", json_schema_extra=RESUME_FIXED
+    )
     position: Literal["learned", "rotary"] = Field(
         "learned",
         description="learned = a positional embedding table (GPT-2); rotary = rotate queries and "
         "keys by position (RoFormer; Su et al., 2021).",
+        json_schema_extra=RESUME_FIXED,
     )
     rotary_base: float = Field(10000.0, gt=1, description="position = rotary: the base theta.")
     tie_embeddings: bool = Field(
         False,
         description="Share the token embedding with the LM head. It puts one parameter on the "
         "first and the last pipeline stage, so pipeline training needs it false.",
+        json_schema_extra=RESUME_FIXED,
     )
     init_std: float = Field(
         0.02, gt=0, description="Standard deviation of the normal initialisation (GPT-2)."
@@ -104,10 +132,11 @@ class LMEvaluationConfig(ConfigModel):
         ge=1,
         description="Evaluate only the first N windows of the validation text, for quick checks "
         "(unset: all of it, the figure to report).",
+        json_schema_extra=RESUME_SAFE,
     )
 
 
-class LMTaskConfig(ConfigModel):
+class LMTaskConfig(TaskSection):
     """Causal language modelling: predict each next token of a text."""
 
     type: Literal["lm"] = "lm"
@@ -115,6 +144,7 @@ class LMTaskConfig(ConfigModel):
         "char",
         description="char = one token per character of the text files (vocabulary built from "
         "them); byte = one token per UTF-8 byte (256 tokens, any text).",
+        json_schema_extra=RESUME_FIXED,
     )
     data: LMDataConfig = Field(..., description="The text to train and validate on.")
     model: LMModelConfig = Field(
@@ -123,3 +153,38 @@ class LMTaskConfig(ConfigModel):
     evaluation: LMEvaluationConfig = Field(
         default_factory=LMEvaluationConfig, description="Validation."
     )
+
+    #: its blocks cut into pipeline stages, Megatron's plan over a tensor dimension, FSDP per
+    #: block (tasks/lm/model.py lays the transformer out for all three)
+    offers: ClassVar[frozenset[Capability[Any]]] = frozenset(
+        {PIPELINE_STAGES, TENSOR_PLAN, SHARD_UNITS}
+    )
+
+    def pipeline_block_names(self) -> list[str]:
+        return [f"blocks.{index}" for index in range(self.model.layers)]
+
+    def check_layout(self, dims: dict[str, int], fields: dict[str, tuple[str, ...]]) -> None:
+        """Whole heads on each tensor rank; no weight shared by the embedding and the head
+        when a tensor dimension splits them differently or a pipeline puts them apart."""
+        tensor = dims.get("tensor", 1)
+        if tensor > 1 and self.model.heads % tensor:
+            raise FieldError(
+                fields["tensor"],
+                f"a tensor degree of {tensor} does not divide task.model.heads "
+                f"({self.model.heads}): each rank computes whole heads; choose a divisor of "
+                "the heads",
+            )
+        if not self.model.tie_embeddings:
+            return
+        if tensor > 1:
+            raise FieldError(
+                ("task", "model", "tie_embeddings"),
+                "the embedding is split by vocabulary rows and the head by columns under tensor "
+                "parallelism, so they cannot share one weight; set tie_embeddings = false",
+            )
+        if dims.get("pipeline", 1) > 1:
+            raise FieldError(
+                ("task", "model", "tie_embeddings"),
+                "strategy pipeline puts the embedding on the first stage and the head on the "
+                "last, which tying would share; set tie_embeddings = false",
+            )

@@ -24,7 +24,7 @@ import torch
 from shoal.errors import DataError, ShoalError
 from shoal.tasks.lm.config import LMTaskConfig
 from shoal.tasks.lm.tokenizer import Tokenizer, UnknownCharacter
-from shoal.tasks.textfile import read_text
+from shoal.textfile import read_text
 
 EXPECTED = "expected a UTF-8 text file"
 OFFSET_SALT = 0x4C4D  # keeps the offset stream apart from other (seed, epoch) streams

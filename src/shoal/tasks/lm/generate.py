@@ -16,6 +16,7 @@ import torch
 from pydantic import ValidationError
 
 from shoal.checkpoint.manager import list_checkpoints, load_checkpoint
+from shoal.checkpoint.sharded import plain_model_state
 from shoal.errors import ShoalError
 from shoal.run import RunPaths
 from shoal.tasks.lm.config import LMModelConfig
@@ -56,7 +57,9 @@ def load_best_model(run_dir: Path) -> tuple[TransformerLM, Tokenizer, Path]:
         raise ShoalError(f"{run_dir}: no {TOKENIZER_FILE} in {checkpoint} or in the run directory")
     tokenizer = Tokenizer.load(tokenizer_file)
     model = build_lm(config, tokenizer.vocab_size)
-    model.load_state_dict(state["model"])
+    # a tensor_parallel / fully_sharded / hybrid run's model is in DCP's pieces (state.pt
+    # holds a marker): read whole, by this process alone
+    model.load_state_dict(plain_model_state(checkpoint, state["model"]))
     model.eval()
     return model, tokenizer, checkpoint
 

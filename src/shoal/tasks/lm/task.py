@@ -6,7 +6,7 @@ Its loss is the *mean* cross-entropy over its `context` targets, and a batch's
 targets, so this is sum-over-tokens / context. The trainer divides by the global
 number of windows, so the objective is the mean loss per token of the global
 batch, its learning rate does not change with the context length, and N workers
-still reproduce one exactly (the contract of :mod:`shoal.tasks.base`). Reported
+still reproduce one exactly (the contract of :mod:`shoal.protocols.task`). Reported
 `loss` is in nats per token (per character with the char tokenizer).
 """
 
@@ -20,12 +20,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from shoal.protocols.task import LossOutput, Task, rank_slice
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
-from shoal.tasks.base import LossOutput, Task, rank_slice
 from shoal.tasks.lm.config import LMTaskConfig
 from shoal.tasks.lm.corpus import TrainWindows, eval_windows, load_corpus
-from shoal.tasks.lm.model import build_lm
+from shoal.tasks.lm.model import TransformerLM, build_lm
+from shoal.tasks.lm.parallel import tensor_parallel_plan
 from shoal.tasks.lm.tokenizer import TOKENIZER_FILE, Tokenizer
 
 
@@ -43,21 +44,6 @@ class LMTask(Task):
     """A decoder-only transformer trained to predict the next token of a text."""
 
     config_class: ClassVar[type[LMTaskConfig]] = LMTaskConfig
-
-    primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")
-    # the parameters' shapes (and the learned position table's), and what the ids mean
-    resume_incompatible: ClassVar[tuple[str, ...]] = (
-        "tokenizer",
-        "model.dim",
-        "model.heads",
-        "model.layers",
-        "model.mlp_ratio",
-        "model.context",
-        "model.bias",
-        "model.position",
-        "model.tie_embeddings",
-    )
-    resume_safe: ClassVar[tuple[str, ...]] = ("evaluation.max_windows",)
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
@@ -103,7 +89,21 @@ class LMTask(Task):
         inputs, targets = self.pipeline_batch(batch)
         return self.pipeline_loss(model(inputs), targets)
 
-    # ------------------------------------------------------------ a model in stages
+    # ------------------------------------------------------------ capabilities
+    def pipeline_block_names(self, model: nn.Module) -> list[str]:
+        return [f"blocks.{index}" for index in _transformer(model).blocks]
+
+    def pipeline_stage(self, model: nn.Module, first: int, last: int) -> nn.Module:
+        return _transformer(model).stage(first, last)
+
+    def tensor_plan(self, model: nn.Module, sequence_parallel: bool) -> dict[str, Any]:
+        """Megatron's plan, keyed by this model's module names (`parallel.py`)."""
+        return tensor_parallel_plan(model, sequence_parallel)
+
+    def shard_units(self, model: nn.Module) -> list[nn.Module]:
+        """FSDP gathers one transformer block at a time."""
+        return list(_transformer(model).blocks.children())
+
     def pipeline_batch(self, batch: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs of the first stage, targets of the last) of a batch of windows."""
         return batch[:, :-1], batch[:, 1:]
@@ -185,3 +185,9 @@ def _same_length_batches(
         else:
             batches.append([window])
     return batches
+
+
+def _transformer(model: nn.Module) -> TransformerLM:
+    if not isinstance(model, TransformerLM):
+        raise TypeError(f"the lm task's model is a TransformerLM, got {type(model).__name__}")
+    return model

@@ -27,8 +27,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.training.contracts import GradientSync
-from shoal.training.nonfinite import agree_on_nonfinite, nonfinite_names
+from shoal.extend import GradientSync, agree_on_nonfinite, nonfinite_names
 
 
 class ModelAveragingSync(GradientSync):

@@ -10,7 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field
 
-from shoal.config.base import StrategySection
+from shoal.extend import StrategySection
 
 
 class LocalSGDConfig(StrategySection):
@@ -20,6 +20,9 @@ class LocalSGDConfig(StrategySection):
     implementation: ClassVar[str] = "shoal_local_sgd.strategy:LocalSGDStrategy"
 
     type: Literal["local_sgd"] = "local_sgd"
+    #: the field `--workers` sets: one process a replica (the shape shoal lays out)
+    workers_field: ClassVar[str | None] = "num_replicas"
+
     num_replicas: int = Field(
         2, ge=1, description="Worker processes, one replica each (`--workers` sets it)."
     )

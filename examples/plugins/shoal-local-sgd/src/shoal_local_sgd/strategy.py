@@ -1,10 +1,11 @@
 """`LocalSGDStrategy`: the strategy class shoal loads for `[strategy] type = "local_sgd"`.
 
 It needs only shoal's public strategy contract: `config_class` (its config
-model), `world_size`, `attach` (the gradient sync of each replica) and
-`state_dict` / `load_state_dict` (every replica's parameters, so a resume
-continues exactly, even between two averagings). The job loop is shoal's shared
-trainer: checkpoints, evaluation, metrics and results come with it.
+model, which says how many processes: `workers_field`), `attach` (the gradient
+sync of each replica) and `state_dict` / `load_state_dict` (every replica's
+parameters, so a resume continues exactly, even between two averagings). The
+job loop is shoal's shared trainer: checkpoints, evaluation, metrics and results
+come with it.
 """
 
 from __future__ import annotations
@@ -15,32 +16,16 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.config.custom import own_config
-from shoal.runtime.collectives import gather_tensors
-from shoal.strategies.base import Strategy
-from shoal.training.contracts import GradientSync
+from shoal.extend import GradientSync, Strategy, gather_tensors
 from shoal_local_sgd.averaging import ModelAveragingSync
 from shoal_local_sgd.config import LocalSGDConfig
 
 
-class LocalSGDStrategy(Strategy):
+class LocalSGDStrategy(Strategy[LocalSGDConfig]):
     """Replicas train on their own shards and average their models every k steps."""
 
     config_class: ClassVar[type[LocalSGDConfig]] = LocalSGDConfig
-    workers_field: ClassVar[str | None] = "num_replicas"
     sync: ModelAveragingSync
-
-    @property
-    def config(self) -> LocalSGDConfig:
-        config = own_config(self.ctx.config.strategy)  # [strategy], or [strategy.config]
-        assert isinstance(config, LocalSGDConfig)
-        return config
-
-    @classmethod
-    def world_size(cls, config: Any) -> int:
-        own = own_config(config.strategy)
-        assert isinstance(own, LocalSGDConfig)
-        return own.num_replicas
 
     def attach(self, model: nn.Module) -> GradientSync:
         with torch.no_grad():  # every replica starts from rank 0's model

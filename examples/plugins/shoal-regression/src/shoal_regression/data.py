@@ -9,8 +9,7 @@ from pathlib import Path
 
 import torch
 
-from shoal.errors import DataError
-from shoal.tasks.textfile import read_text
+from shoal.extend import DataError, read_text
 from shoal_regression.config import RegressionConfig
 
 EXPECTED = "expected a CSV file with a header row and a number in every column"

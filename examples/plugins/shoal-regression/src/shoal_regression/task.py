@@ -16,10 +16,14 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
-from shoal.config.custom import own_config
-from shoal.runtime.collectives import all_reduce_sum
-from shoal.runtime.context import WorkerContext
-from shoal.tasks.base import LossOutput, Task, move_to, rank_slice
+from shoal.extend import (
+    LossOutput,
+    Task,
+    WorkerContext,
+    all_reduce_sum,
+    move_to,
+    rank_slice,
+)
 from shoal_regression.config import RegressionConfig
 from shoal_regression.data import read_table
 
@@ -52,12 +56,10 @@ class RegressionTask(Task):
     """Mean-squared error regression on the numeric columns of a CSV file."""
 
     config_class: ClassVar[type[RegressionConfig]] = RegressionConfig
-    primary_metric: ClassVar[tuple[str, str]] = ("mse", "min")
-    resume_incompatible: ClassVar[tuple[str, ...]] = ("hidden", "target")
 
     def __init__(self, ctx: WorkerContext) -> None:
         super().__init__(ctx)
-        config = own_config(ctx.config.task)  # [task], or [task.config] under type = "custom"
+        config = self.section  # [task], or [task.config] under type = "custom"
         assert isinstance(config, RegressionConfig)
         self.config = config
         self.table = read_table(config)

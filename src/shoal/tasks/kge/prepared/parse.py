@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from shoal.errors import DataError
-from shoal.tasks.textfile import TextBlock
+from shoal.textfile import TextBlock
 
 TRIPLE_LINES = "expected head<TAB>relation<TAB>tail lines"
 TRIPLE_COLUMNS = ("head", "relation", "tail")

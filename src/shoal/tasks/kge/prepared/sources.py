@@ -41,7 +41,7 @@ from shoal.tasks.kge.prepared.parse import (
 )
 from shoal.tasks.kge.prepared.progress import PrepareProgress
 from shoal.tasks.kge.prepared.writer import CHUNK_ROWS, FILTER_BUDGET, GraphWriter
-from shoal.tasks.textfile import TextBlock, text_blocks
+from shoal.textfile import TextBlock, text_blocks
 
 NAMES = LineFormat(("id", "name"), "expected id<TAB>name lines")
 NAME_BLOCK = 1 << 16

@@ -24,11 +24,6 @@ from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.training_types.base import TrainingType, sample_relation_ids
 from shoal.tasks.kge.triples import KGData
 
-UNSERVED = (
-    "it scores every entity in every step, so a worker would pull the whole entity table "
-    "each step; train it with strategy local or data_parallel, or use negative_sampling"
-)
-
 
 def _side_scores(
     model: KGEModel, anchor: torch.Tensor, relation: torch.Tensor, head: bool | torch.Tensor
@@ -40,8 +35,6 @@ def _side_scores(
 
 class OneVsAll(TrainingType):
     """A sample is a training triple: its tail query and its head query against every entity."""
-
-    unserved_reason = UNSERVED
 
     @property
     def train_size(self) -> int:
@@ -73,8 +66,6 @@ class KvsAll(TrainingType):
     are a function of the seed as for triples. Weighted regularization counts the rows
     a query reads: its entity and the relation row it uses.
     """
-
-    unserved_reason = UNSERVED
 
     def __init__(self, config: KGETaskConfig, data: KGData, seed: int) -> None:
         super().__init__(config, data, seed)

@@ -12,12 +12,12 @@ step, which as a sum over samples is that penalty times each sample's share.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
 
 from shoal.errors import ConfigError
-from shoal.tasks.base import LossOutput
+from shoal.protocols.task import LossOutput
 from shoal.tasks.kge.config import KGETaskConfig
 from shoal.tasks.kge.losses import build_kge_loss, penalty, table_penalty
 from shoal.tasks.kge.models import KGEModel
@@ -26,10 +26,6 @@ from shoal.tasks.kge.triples import KGData
 
 class TrainingType(ABC):
     """Samples, batches and the summed loss of one training type."""
-
-    #: whether a batch reads only entity and relation rows it can name in advance, which a
-    #: parameter-server worker must pull before computing (None: it can; else why not)
-    unserved_reason: ClassVar[str | None] = None
 
     def __init__(self, config: KGETaskConfig, data: KGData, seed: int) -> None:
         self.config = config
@@ -63,7 +59,7 @@ class TrainingType(ABC):
         pulls for it). A training type that reads every row has none to name: a strategy
         that pulls rows (the parameter server refuses such a config before it starts; a
         custom strategy may not) gets the config error that says which setting to change."""
-        reason = self.unserved_reason or (
+        reason = getattr(self.config.training, "unserved", None) or (
             "it does not name the rows a batch reads; use negative_sampling"
         )
         raise ConfigError(

@@ -3,7 +3,9 @@
 A task owns its data, builds its model, turns a list of sample indices into a
 batch, computes the loss as a *sum* over the batch's samples, and evaluates.
 Everything distributed (sharding, gradient averaging, checkpoints) lives outside
-it, so every strategy can train every task.
+it, so every strategy can train every task. What only some strategies need (a
+model cut into stages, rows a parameter server holds, class labels) a task offers
+as a capability (`protocols/capabilities.py`).
 
 Why a sum: with a global batch of B samples split unevenly over N workers, the
 gradient of the global mean loss is sum_over_workers(grad(loss_sum_r)) / B. The
@@ -23,7 +25,7 @@ import torch
 from pydantic import BaseModel
 from torch import nn
 
-from shoal.errors import ShoalError
+from shoal.config.base import task_section
 from shoal.runtime.context import WorkerContext
 
 
@@ -52,20 +54,27 @@ class Task(ABC):
     #: the pydantic model of this task's config section
     config_class: ClassVar[type[BaseModel]]
 
-    #: metric used to pick the best checkpoint and for early stopping, and its direction
-    primary_metric: ClassVar[tuple[str, str]] = ("loss", "min")
-
-    #: parameters that may change while a model trains (population-based training tunes
-    #: them), by name, with the range [low, high) of values they accept
-    tunable: ClassVar[dict[str, tuple[float, float]]] = {}
-
-    #: `[task]` fields (patterns) a resume may change freely, and those the saved model
-    #: cannot load into (its shape, id maps): see checkpoint/changes.py
-    resume_safe: ClassVar[tuple[str, ...]] = ()
-    resume_incompatible: ClassVar[tuple[str, ...]] = ()
-
     def __init__(self, ctx: WorkerContext) -> None:
         self.ctx = ctx
+
+    @property
+    def section(self) -> Any:
+        """This task's validated config section (`[task]`, or its `config` table for a class
+        named by dotted path)."""
+        return task_section(self.ctx.config)
+
+    @property
+    def primary_metric(self) -> tuple[str, str]:
+        """The metric that picks the best model and stops early, and its direction: its
+        config section's (`TaskSection.primary_metric`)."""
+        metric: tuple[str, str] = getattr(self.section, "primary_metric", ("loss", "min"))
+        return metric
+
+    @property
+    def tunable(self) -> dict[str, tuple[float, float]]:
+        """The parameters population-based training may tune: its config section's."""
+        tunable: dict[str, tuple[float, float]] = getattr(self.section, "tunable", {})
+        return tunable
 
     def on(self, ctx: WorkerContext) -> Self:
         """This task (its data and caches shared, nothing copied) with its collectives run
@@ -111,24 +120,6 @@ class Task(ABC):
     def eval_splits(self) -> list[str]:
         """The held-out splits evaluated during training."""
         return ["valid"]
-
-    def sample_labels(self) -> torch.Tensor | None:
-        """The class label of each training sample, or None when the task has no labels.
-
-        Used to split data by label (e.g. federated clients with Dirichlet label skew).
-        """
-        return None
-
-    def load_train_files(self, paths: list[str]) -> list[int]:
-        """Replace the training samples by the concatenation of `paths`; their sample counts.
-
-        For strategies whose participants hold their own data files (federated
-        clients): a worker loads only the files of the participants it hosts.
-        """
-        raise ShoalError(
-            f"task {self.ctx.config.task.type} cannot read per-client training files; "
-            'use strategy.partition kind = "iid" or "dirichlet"'
-        )
 
     def test_splits(self) -> list[str]:
         """Splits evaluated once after training, with the best model (by `primary_metric`)."""

@@ -1,8 +1,8 @@
-"""What a parameter-server worker hands the step loop: the model lives on the servers.
+"""A parameter-server worker's step loop: the model lives on the servers.
 
 The worker runs the same step loop and driver as every strategy
-(`training/steps.py`, `training/driver.py`) with these collaborators: a model
-built without tables (on the meta device, then served), a
+(`training/steps.py`, `training/driver.py`), :class:`ServedStepLoop` changing what
+differs: a model built without tables (on the meta device, then served), a
 :class:`~shoal.strategies.parameter_server.learner.ServerLearner` that pulls and
 pushes rows, a model of record whose best snapshot the servers hold
 (:class:`ServedModel`), the servers' shard files as a checkpoint file part
@@ -18,16 +18,23 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import nn
 
 from shoal.checkpoint.integrity import read_meta
 from shoal.checkpoint.manager import list_checkpoints
+from shoal.checkpoint.parts import FilePart
 from shoal.errors import ShoalError
 from shoal.runtime.collectives import all_reduce_max, all_reduce_sum, barrier
 from shoal.runtime.context import WorkerContext
 from shoal.strategies.parameter_server.client import RowClient
+from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
+from shoal.strategies.parameter_server.learner import ServedRows, ServerLearner, ServerSync
 from shoal.strategies.parameter_server.wire import Op
+from shoal.training.contracts import GradientSync
+from shoal.training.loop import ModelOfRecord, Run
 from shoal.training.state import TrainProgress
+from shoal.training.steps import StepLoop
 
 
 class ServedModel:
@@ -148,3 +155,52 @@ def server_section(
             "worker_peak_row_bytes": int(peak),
         }
     }
+
+
+class ServedStepLoop(StepLoop):
+    """The step loop of a worker whose model's tables live on the servers."""
+
+    def __init__(self, run: Run, strategy: Any, client: RowClient, served: ServedRows) -> None:
+        """`strategy`: the parameter-server strategy (its gradient sync, its description)."""
+        self.client, self.served = client, served
+        self.section_config: ParameterServerStrategyConfig = strategy.config
+        super().__init__(run, strategy)
+
+    def build_model(self) -> nn.Module:
+        """The shapes only, on the meta device: `attach` serves the rows."""
+        with torch.device("meta"):
+            return self.task.build_model()
+
+    def make_learner(self, model: nn.Module, sync: GradientSync) -> ServerLearner:
+        assert isinstance(sync, ServerSync)
+        config = self.section_config
+        learner = ServerLearner(
+            self.task,
+            model,
+            sync,
+            self.served,
+            self.train,
+            config,
+            (self.ctx.rank, config.num_workers),
+        )
+        learner.total_steps = self.total_steps
+        return learner
+
+    def make_record(self) -> ModelOfRecord:
+        return ServedModel(self.ctx, self.client, self.learner.model, self.progress)
+
+    def file_parts(self) -> list[FilePart]:
+        return [ShardFiles(self.ctx, self.client, self.progress)]
+
+    def after_restore(self) -> None:
+        """The clocks go on from the resumed step."""
+        step = self.progress.global_step
+        self.client.resume_at(step)
+        self.served.clock = step
+
+    def section(self) -> dict[str, Any]:
+        config = self.section_config
+        servers = server_section(
+            self.ctx, self.client, self.strategy.describe(), config.mode, self.progress
+        )
+        return {**super().section(), **servers}

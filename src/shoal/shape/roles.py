@@ -20,8 +20,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from shoal.errors import ShoalError
-from shoal.runtime.hosts import Hosts
-from shoal.runtime.placement import INNER, dimension_groups, mesh_order, placement_report
+from shoal.shape.hosts import Hosts
+from shoal.shape.placement import INNER, dimension_groups, mesh_order, placement_report
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,5 @@
-"""Building an aggregator from its `[strategy.aggregation]` config, compression included.
+"""The aggregation methods that sum exactly, and building one from its
+`[strategy.aggregation]` config, compression included.
 
 The methods and compressors are plugins (`shoal.plugins.kinds`): shoal's own and
 any installed under the `shoal.aggregators` / `shoal.compressors` entry points.

@@ -1,0 +1,1 @@
+"""`[task] type = "module"`: the user's own `nn.Module`, datasets and loss, from a factory."""
