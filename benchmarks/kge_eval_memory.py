@@ -54,7 +54,7 @@ def child(model: str, args: argparse.Namespace) -> None:
         9.0,
     )
     test = data.splits["test"].triples[: args.max_triples]
-    answers = FilterIndex.build(data.all_known(), test, len(data.relations))
+    answers = FilterIndex.of_split(data.filter, test)
     started = time.perf_counter()
     ranks = rank_triples(
         kge,

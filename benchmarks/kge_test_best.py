@@ -46,7 +46,7 @@ def main() -> None:
     model = build_kge_model(task.model, len(data.entities), len(data.relations), task.dim, gamma)
     model.load_state_dict(state["model"])
     test = data.splits["test"].triples
-    answers = FilterIndex.build(data.all_known(), test, len(data.relations))
+    answers = FilterIndex.of_split(data.filter, test)
     started = time.perf_counter()
     ranks = rank_triples(
         model,

@@ -257,7 +257,7 @@ def filtered_metrics(model: Any, data: Any, limit: int | None = None) -> dict[st
     )
 
     test = data.splits["test"].triples[:limit]
-    answers = FilterIndex.build(data.all_known(), test, len(data.relations))
+    answers = FilterIndex.of_split(data.filter, test)
     started = time.perf_counter()
     ranks = rank_triples(model, test, answers, 0, len(test), 256, 1 << 24, torch.device("cpu"))
     metrics = metrics_from_sums(rank_metric_sums(ranks, [1, 3, 10]), [1, 3, 10])

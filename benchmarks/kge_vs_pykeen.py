@@ -137,7 +137,7 @@ def shoal_metrics(model: Any, data: Any, args: argparse.Namespace, limit: int) -
         twin.entity.weight.copy_(model.entity_representations[0](indices=None))
         twin.relation.weight.copy_(model.relation_representations[0](indices=None))
     test = data.splits["test"].triples[:limit]
-    answers = FilterIndex.build(data.all_known(), test, len(data.relations))
+    answers = FilterIndex.of_split(data.filter, test)
     started = time.perf_counter()
     ranks = rank_triples(twin, test, answers, 0, len(test), 256, 1 << 24, torch.device("cpu"))
     metrics = metrics_from_sums(rank_metric_sums(ranks, [10]), [10])

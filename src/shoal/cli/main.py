@@ -1,5 +1,5 @@
 """`shoal train`, `shoal status`, `shoal report`, `shoal generate`,
-`shoal config validate|schema|show`, `shoal plugins`.
+`shoal config validate|schema|show`, `shoal plugins`, `shoal kge prepare|verify|synthesize`.
 
 User errors print one line each (what, where, how to fix) and exit 2, without a
 traceback; a failed job exits 1 with the rank and error that caused it; a run
@@ -255,6 +255,10 @@ def build_parser() -> argparse.ArgumentParser:
         "plugins", help="list the strategies, tasks, aggregation methods... that are registered"
     )
     plugins.set_defaults(handler=_plugins)
+
+    from shoal.cli.kge import add_kge_commands
+
+    add_kge_commands(commands)
     return parser
 
 

@@ -45,8 +45,9 @@ RESUME_SAFE: dict[str, Any] = {"resume": "safe"}
 RESUME_FIXED: dict[str, Any] = {"resume": "incompatible"}
 
 
-def _resolve_existing_file(value: str, info: ValidationInfo) -> str:
-    """Resolve a path against the config file's folder and require that it exists.
+def resolve_existing_file(value: str, info: ValidationInfo, kind: str = "file") -> str:
+    """Resolve a path against the config file's folder and require that it exists (a
+    file; with `kind = "folder"`, a file or a folder).
 
     Relative paths in a config mean "next to this config", whatever the current
     directory is when `shoal train` runs; the resolved config saved in the run
@@ -60,19 +61,19 @@ def _resolve_existing_file(value: str, info: ValidationInfo) -> str:
         path = path.resolve()
     except (RuntimeError, OSError):  # RuntimeError: "Symlink loop from ..." (Python < 3.13)
         raise ValueError(
-            f"{path}: a symbolic link that leads back to itself (a loop); point it at the file"
+            f"{path}: a symbolic link that leads back to itself (a loop); point it at the {kind}"
         ) from None
-    if not path.is_file():
-        raise ValueError(f"file not found: {path}")
+    if not (path.is_file() or (kind == "folder" and path.is_dir())):
+        raise ValueError(f"{kind} not found: {path}")
     return str(path)
 
 
-ExistingFile = Annotated[str, AfterValidator(_resolve_existing_file)]
+ExistingFile = Annotated[str, AfterValidator(resolve_existing_file)]
 """A path to an existing file, relative paths taken from the config's folder."""
 
 
 def _checks_file(metadata: Any) -> bool:
-    return any(getattr(item, "func", None) is _resolve_existing_file for item in metadata)
+    return any(getattr(item, "func", None) is resolve_existing_file for item in metadata)
 
 
 def is_file_field(info: FieldInfo) -> bool:

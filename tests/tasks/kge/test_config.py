@@ -90,3 +90,50 @@ def test_the_resolved_config_a_run_saves_loads_again(task: dict[str, object]) ->
     assert again == config
     negatives = again.task.negatives  # type: ignore[union-attr]
     assert negatives.side_counts == config.task.negatives.side_counts  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize(
+    ("task", "expected"),
+    [
+        (
+            'model = "distmult"\ndata = { prepared = "nowhere" }\n',
+            "bad.toml:4: task.data.prepared: folder not found: {dir}/nowhere",
+        ),
+        (
+            'model = "distmult"\ndata = { prepared = "." }\n',
+            "bad.toml:4: task.data.prepared: {dir}: not a prepared graph (no manifest.json); "
+            "prepare it again with: shoal kge prepare",
+        ),
+        (
+            'model = "distmult"\ndata = { name = "nations" }\n'
+            "evaluation = { sampled_negatives = 100 }\n",
+            'bad.toml:5: task.evaluation: sampled_negatives applies to ranking = "sampled"; '
+            "set that or remove it",
+        ),
+    ],
+)
+def test_bad_prepared_or_sampled_settings_are_one_line(
+    tmp_path: Path, task: str, expected: str
+) -> None:
+    path = tmp_path / "bad.toml"
+    path.write_text(HEAD + task + TRAIN)
+    with pytest.raises(ConfigError) as caught:
+        load_config(path)
+    assert str(caught.value) == f"{tmp_path}/" + expected.format(dir=tmp_path)
+
+
+def test_sampled_ranking_defaults_to_ogb_500_and_the_resolved_config_loads_again() -> None:
+    config = load_config(
+        {
+            "task": {
+                "type": "kge",
+                "model": "distmult",
+                "data": {"name": "nations"},
+                "evaluation": {"ranking": "sampled"},
+            },
+            "train": {"epochs": 1, "batch_size": 8},
+        }
+    )
+    assert config.task.evaluation.sampled_negatives == 500  # type: ignore[union-attr]
+    again = load_config(tomllib.loads(dump_config(config)))
+    assert again.task == config.task

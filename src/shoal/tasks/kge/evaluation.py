@@ -11,7 +11,14 @@ over both directions.
 
 Memory stays bounded: triples are ranked `batch_size` at a time, so the score
 matrix is batch_size x entities, and distance models cut their (triples x
-entities x width) intermediate into blocks of at most `block_elements`.
+entities x width) intermediate into blocks of at most `block_elements`. The known
+answers come from the prepared graph's filter index on disk, a batch of queries at
+a time (`FilterIndex.of_split`), or from triples in memory (`FilterIndex.build`).
+
+Sampled ranking (`rank_sampled`, OGB's wikikg2 protocol) compares the answer with
+`count` entities drawn per query and side (`candidates.py`) instead of all of them;
+a candidate that is another known answer is left out, found by a binary search in
+the filter index. With `count` at least the entities, it is the full ranking.
 
 With reciprocal relations, head prediction (?, r, t) is the tail query (t, r^-1, ?),
 as the model was trained.
@@ -20,11 +27,22 @@ as the model was trained.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 import torch
 
+from shoal.tasks.kge.candidates import sample_candidates
 from shoal.tasks.kge.models import KGEModel
+from shoal.tasks.kge.prepared.filter_index import GraphFilter, SplitAnswers
+
+
+class QueryAnswers(Protocol):
+    """The known answers of a list of queries, by position."""
+
+    def rows(self, start: int, stop: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(row within [start, stop), entity) pairs of the queries start..stop-1."""
+        ...
 
 
 @dataclass
@@ -58,8 +76,17 @@ def _answers(known_keys: np.ndarray, known_values: np.ndarray, keys: np.ndarray)
 class FilterIndex:
     """The known answers of a split's tail queries (h, r, ?) and head queries (?, r, t)."""
 
-    tails: Answers
-    heads: Answers
+    tails: QueryAnswers
+    heads: QueryAnswers
+
+    @classmethod
+    def of_split(cls, graph: GraphFilter, triples: torch.Tensor) -> FilterIndex:
+        """The answers of `triples`' queries, looked up in a prepared graph's index on disk
+        as each batch is ranked."""
+        return cls(
+            tails=SplitAnswers(graph, triples.numpy(), head=False),
+            heads=SplitAnswers(graph, triples.numpy(), head=True),
+        )
 
     @classmethod
     def build(cls, known: torch.Tensor, triples: torch.Tensor, num_relations: int) -> FilterIndex:
@@ -136,6 +163,71 @@ def rank_triples(
                 rows, entities = rows.to(device), entities.to(device)
             ranks.append(realistic_ranks(scores, target, rows, entities).cpu())
     return torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.float64)
+
+
+@torch.no_grad()
+def rank_sampled(
+    model: KGEModel,
+    triples: torch.Tensor,
+    known: GraphFilter | None,
+    start: int,
+    stop: int,
+    count: int,
+    num_entities: int,
+    seed: int,
+    batch_size: int,
+    block_elements: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """Ranks of triples[start:stop] among `count` sampled entities per query and side, tail
+    then head prediction per batch (float64, CPU); `known` filters them (None: raw).
+
+    Candidate j of query i is keyed by i, the triple's index in `triples`, so the draws do
+    not depend on the batch or the worker."""
+    ranks = []
+    for lo in range(start, stop, batch_size):
+        hi = min(lo + batch_size, stop)
+        batch = triples[lo:hi].numpy()
+        h, r, t = batch[:, 0], batch[:, 1], batch[:, 2]
+        for head in (False, True):
+            anchor, target = (t, h) if head else (h, t)
+            drawn = sample_candidates(seed, head, np.arange(lo, hi), target, count, num_entities)
+            columns = np.concatenate([target[:, None], drawn], axis=1)  # the answer first
+            scores = _score_columns(model, anchor, r, head, columns, block_elements, device)
+            rows = entities = None
+            if known is not None:
+                others = known.side(head).contains(known.keys(anchor, r), drawn)
+                found_rows, found_columns = np.nonzero(others)
+                rows = torch.from_numpy(found_rows).to(device)
+                entities = torch.from_numpy(found_columns + 1).to(device)
+            answer = torch.zeros(len(batch), dtype=torch.long, device=device)
+            ranks.append(realistic_ranks(scores, answer, rows, entities).cpu())
+    return torch.cat(ranks) if ranks else torch.zeros(0, dtype=torch.float64)
+
+
+def _score_columns(
+    model: KGEModel,
+    anchor: np.ndarray,
+    relation: np.ndarray,
+    head: bool,
+    columns: np.ndarray,
+    block_elements: int,
+    device: torch.device,
+) -> torch.Tensor:
+    """(n, columns) scores: query i against the entities of row i of `columns`, the
+    gathered (rows x columns x width) intermediate cut to at most `block_elements`."""
+    anchor_ids = torch.from_numpy(anchor).to(device)
+    relation_ids = model.relation_ids(torch.from_numpy(relation).to(device), head)
+    queries = model.queries(model.entity_rows(anchor_ids), model.relation_rows(relation_ids), head)
+    ids, where = torch.unique(torch.from_numpy(columns).to(device), return_inverse=True)
+    rows = model.entity_rows(ids)
+    width = rows.shape[-1]
+    step = max(1, block_elements // max(1, columns.shape[1] * width))
+    parts = [
+        model.match_each(queries[lo : lo + step], rows[where[lo : lo + step]]).float()
+        for lo in range(0, len(columns), step)
+    ]
+    return torch.cat(parts) if parts else queries.new_zeros(0, columns.shape[1])
 
 
 def rank_metric_sums(ranks: torch.Tensor, hits_at: list[int]) -> list[float]:

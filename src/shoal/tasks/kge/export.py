@@ -26,9 +26,18 @@ from shoal.tasks.kge.triples import IdMap
 
 
 def write_id_maps(folder: Path, entities: IdMap, relations: IdMap) -> None:
+    """`entities.tsv` and `relations.tsv`, written a block at a time, each renamed into place."""
     folder.mkdir(parents=True, exist_ok=True)
-    atomic_write_bytes(folder / "entities.tsv", entities.to_tsv().encode())
-    atomic_write_bytes(folder / "relations.tsv", relations.to_tsv().encode())
+    for name, ids in (("entities.tsv", entities), ("relations.tsv", relations)):
+        path = folder / name
+        tmp = path.with_name(f".{name}.tmp")
+        with open(tmp, "wb") as out:
+            for block in ids.tsv_blocks():
+                out.write(block)
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(tmp, path)
+    fsync_dir(folder)
 
 
 def _npy_bytes(array: np.ndarray) -> bytes:

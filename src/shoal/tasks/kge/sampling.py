@@ -37,7 +37,7 @@ _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
 
 
-def _mix(x: np.ndarray) -> np.ndarray:
+def mix64(x: np.ndarray) -> np.ndarray:
     """SplitMix64's finalizer: a bijection of uint64 that scatters every input bit."""
     x = x + _GOLDEN
     x = (x ^ (x >> np.uint64(30))) * _M1
@@ -48,29 +48,65 @@ def _mix(x: np.ndarray) -> np.ndarray:
 def counter_uniform(seed: int, stream: int, epoch: int, keys: np.ndarray, slots: int) -> np.ndarray:
     """Uniform floats in [0, 1) of shape (len(keys), slots), a function of the arguments alone."""
     with np.errstate(over="ignore"):
-        head = _mix(np.array([seed, stream, epoch], dtype=np.uint64))
-        base = _mix(_mix(head[0] ^ head[1]) ^ head[2])
-        per_key = _mix(base ^ _mix(keys.astype(np.uint64)))
-        bits = _mix(per_key[:, None] ^ _mix(np.arange(slots, dtype=np.uint64))[None, :])
+        head = mix64(np.array([seed, stream, epoch], dtype=np.uint64))
+        base = mix64(mix64(head[0] ^ head[1]) ^ head[2])
+        per_key = mix64(base ^ mix64(keys.astype(np.uint64)))
+        bits = mix64(per_key[:, None] ^ mix64(np.arange(slots, dtype=np.uint64))[None, :])
     return (bits >> np.uint64(11)).astype(np.float64) * (1.0 / (1 << 53))
 
 
-def head_corruption_probability(triples: torch.Tensor, num_relations: int) -> torch.Tensor:
-    """P(corrupt the head) per relation, tph / (tph + hpt) (Wang et al., 2014, "TransH").
+@dataclass
+class TrainStats:
+    """What negative sampling needs to know of the training triples, without reading them:
+    each entity's degree, each relation's counts. A prepared graph stores both; small
+    graphs in memory count them here (`from_triples`), with the same results."""
 
-    tph is the mean number of tails per (head, relation), hpt the mean number of
-    heads per (relation, tail). For a one-to-many relation, replacing the head is
-    less likely to produce a triple that is in fact true.
-    """
-    h, r, t = (triples[:, i].numpy() for i in range(3))
-    num_entities = int(max(h.max(), t.max())) + 1
-    count = np.bincount(r, minlength=num_relations).astype(np.float64)
-    heads = np.bincount(np.unique(r * num_entities + h) // num_entities, minlength=num_relations)
-    tails = np.bincount(np.unique(r * num_entities + t) // num_entities, minlength=num_relations)
-    tph = count / np.maximum(heads, 1)
-    hpt = count / np.maximum(tails, 1)
-    probability = np.where(count > 0, tph / np.maximum(tph + hpt, 1e-12), 0.5)
-    return torch.from_numpy(probability)
+    #: (entities, 2): occurrences as head, as tail (repeated triples counted)
+    entity_degree: np.ndarray
+    #: (relations, 3): triples, distinct heads, distinct tails
+    relation_counts: np.ndarray
+
+    @classmethod
+    def from_triples(
+        cls, triples: torch.Tensor, num_entities: int, num_relations: int
+    ) -> TrainStats:
+        h, r, t = (triples[:, i].numpy() for i in range(3))
+        degree = np.stack(
+            [np.bincount(h, minlength=num_entities), np.bincount(t, minlength=num_entities)], axis=1
+        )
+        keys = max(num_entities, int(max(h.max(), t.max())) + 1)
+        counts = np.stack(
+            [
+                np.bincount(r, minlength=num_relations),
+                np.bincount(np.unique(r * keys + h) // keys, minlength=num_relations),
+                np.bincount(np.unique(r * keys + t) // keys, minlength=num_relations),
+            ],
+            axis=1,
+        )
+        return cls(degree, counts)
+
+    def head_probability(self) -> torch.Tensor:
+        """P(corrupt the head) per relation, tph / (tph + hpt) (Wang et al., 2014, "TransH").
+
+        tph is the mean number of tails per (head, relation), hpt the mean number of
+        heads per (relation, tail). For a one-to-many relation, replacing the head is
+        less likely to produce a triple that is in fact true.
+        """
+        count = self.relation_counts[:, 0].astype(np.float64)
+        tph = count / np.maximum(self.relation_counts[:, 1], 1)
+        hpt = count / np.maximum(self.relation_counts[:, 2], 1)
+        probability = np.where(count > 0, tph / np.maximum(tph + hpt, 1e-12), 0.5)
+        return torch.from_numpy(probability)
+
+    def degree(self) -> np.ndarray:
+        """Occurrences of each entity, as head or tail."""
+        return np.asarray(self.entity_degree[:, 0] + self.entity_degree[:, 1])
+
+
+def head_corruption_probability(triples: torch.Tensor, num_relations: int) -> torch.Tensor:
+    """Bernoulli's P(corrupt the head) per relation of in-memory `triples` (`TrainStats`)."""
+    num_entities = int(max(triples[:, 0].max(), triples[:, 2].max())) + 1
+    return TrainStats.from_triples(triples, num_entities, num_relations).head_probability()
 
 
 @dataclass
@@ -101,21 +137,25 @@ class NegativeSampler:
         num_entities: int,
         num_relations: int,
         seed: int,
+        stats: TrainStats | None = None,
     ) -> None:
+        """`stats` of `train` (a prepared graph's); counted from `train` when not given."""
         self.config = config
         self.num_entities = num_entities
         self.seed = seed
         self.epoch = 0
+        needs_stats = config.side == "bernoulli" or config.distribution == "degree"
+        if stats is None and needs_stats:
+            stats = TrainStats.from_triples(train, num_entities, num_relations)
         if config.side == "bernoulli":
-            self.head_probability = head_corruption_probability(train, num_relations)
+            assert stats is not None
+            self.head_probability = stats.head_probability()
         else:
             self.head_probability = torch.full((num_relations,), 0.5, dtype=torch.float64)
         self.cumulative: np.ndarray | None = None
         if config.distribution == "degree":
-            degree = np.bincount(train[:, 0].numpy(), minlength=num_entities) + np.bincount(
-                train[:, 2].numpy(), minlength=num_entities
-            )
-            self.cumulative = np.cumsum(degree.astype(np.float64))
+            assert stats is not None
+            self.cumulative = np.cumsum(stats.degree().astype(np.float64))
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Any, ClassVar
 
 import numpy as np
@@ -17,10 +18,12 @@ from shoal.tasks.kge.evaluation import (
     FilterIndex,
     metrics_from_sums,
     rank_metric_sums,
+    rank_sampled,
     rank_triples,
 )
 from shoal.tasks.kge.export import export_embeddings, write_id_maps
 from shoal.tasks.kge.models import KGEModel, RowSource, build_kge_model, relation_table_rows
+from shoal.tasks.kge.prepared.progress import PrepareProgress
 from shoal.tasks.kge.training_types import build_training_type
 from shoal.tasks.kge.triples import load_kg
 
@@ -30,11 +33,15 @@ ROTATE_DEFAULT_GAMMA = 12.0  # RotatE's initialisation range when the loss has n
 class KGETask(Task):
     """Link prediction: entity and relation embeddings trained on (head, relation, tail) triples.
 
+    The graph is a prepared folder every rank maps (TSV files are prepared into a cache
+    on first use): a rank reads the training triples of its own batches, the held-out
+    triples it ranks and the filter index entries of their queries, nothing else.
     Training follows `task.training`: negative sampling (each positive triple against
     corruptions of it, shared within chunks), 1vsAll or KvsAll (queries against every
     entity); its loss is a sum over the batch's samples. Evaluation is the filtered
-    ranking of every valid/test triple against all entities, split over the ranks.
-    Test metrics come from the best model by validation MRR.
+    ranking of every valid/test triple against all entities, or against sampled ones
+    (`evaluation.ranking`), split over the ranks. Test metrics come from the best model
+    by validation MRR.
     """
 
     config_class: ClassVar[type[KGETaskConfig]] = KGETaskConfig
@@ -44,7 +51,9 @@ class KGETask(Task):
         config = ctx.config.task
         assert isinstance(config, KGETaskConfig)
         self.config = config
-        self.data = load_kg(config.data)
+        self.data = load_kg(
+            config.data, _prepare_progress(ctx), stall_s=ctx.config.faults.timeout_s
+        )
         self.num_entities = len(self.data.entities)
         self.num_relations = len(self.data.relations)
         # sparse gradients (allowed by KGETaskConfig.check): torch's default, said explicitly:
@@ -53,7 +62,7 @@ class KGETask(Task):
         if config.sparse_gradients and not torch.sparse.check_sparse_tensor_invariants.is_enabled():
             torch.sparse.check_sparse_tensor_invariants.disable()
         self.training = build_training_type(config, self.data, ctx.config.train.seed)
-        self._filters: dict[str, tuple[torch.Tensor, FilterIndex | None]] = {}
+        self._ranked: dict[str, torch.Tensor] = {}
         self.embeddings_dir = ctx.paths.root / "embeddings"
         if ctx.is_main:
             write_id_maps(self.embeddings_dir, self.data.entities, self.data.relations)
@@ -177,20 +186,37 @@ class KGETask(Task):
             return {}
         assert isinstance(model, KGEModel)
         evaluation = self.config.evaluation
-        triples, answers = self._split_for_ranking(split)
+        triples = self._split_for_ranking(split)
         part = rank_slice(len(triples), self.ctx.rank, self.ctx.world_size)
         was_training = model.training
         model.eval()
-        ranks = rank_triples(
-            model,
-            triples,
-            answers,
-            part.start,
-            part.stop,
-            evaluation.batch_size,
-            evaluation.block_elements,
-            self.ctx.device,
-        )
+        if evaluation.ranking == "sampled":
+            assert evaluation.sampled_negatives is not None
+            ranks = rank_sampled(
+                model,
+                triples,
+                self.data.filter if evaluation.filtered else None,
+                part.start,
+                part.stop,
+                evaluation.sampled_negatives,
+                self.num_entities,
+                self.ctx.config.train.seed,
+                evaluation.batch_size,
+                evaluation.block_elements,
+                self.ctx.device,
+            )
+        else:
+            answers = FilterIndex.of_split(self.data.filter, triples)
+            ranks = rank_triples(
+                model,
+                triples,
+                answers if evaluation.filtered else None,
+                part.start,
+                part.stop,
+                evaluation.batch_size,
+                evaluation.block_elements,
+                self.ctx.device,
+            )
         model.train(was_training)
         sums = all_reduce_sum(self.ctx, rank_metric_sums(ranks, evaluation.hits_at))
         return metrics_from_sums(sums, evaluation.hits_at)
@@ -201,16 +227,24 @@ class KGETask(Task):
             export_embeddings(self.embeddings_dir, model, self.config)
 
     # ------------------------------------------------------------ helpers
-    def _split_for_ranking(self, split: str) -> tuple[torch.Tensor, FilterIndex | None]:
-        """The triples ranked for `split` (a fixed sample with max_triples) and their filter."""
-        if split not in self._filters:
+    def _split_for_ranking(self, split: str) -> torch.Tensor:
+        """The triples ranked for `split` (a fixed sample with max_triples); their known
+        answers are looked up in the graph's filter index as each batch is ranked."""
+        if split not in self._ranked:
             triples = self.data.splits[split].triples
             limit = self.config.evaluation.max_triples
             if limit is not None and limit < len(triples):
                 chosen = np.sort(np.random.default_rng(0).permutation(len(triples))[:limit])
                 triples = triples[torch.from_numpy(chosen)]
-            answers = None
-            if self.config.evaluation.filtered:
-                answers = FilterIndex.build(self.data.all_known(), triples, self.num_relations)
-            self._filters[split] = (triples, answers)
-        return self._filters[split]
+            self._ranked[split] = triples
+        return self._ranked[split]
+
+
+def _prepare_progress(ctx: WorkerContext) -> PrepareProgress:
+    """How a rank that prepares a TSV graph shows it: a bar on a terminal, log lines else."""
+    mode = ctx.config.monitor.progress
+    if mode == "off":
+        return PrepareProgress("off", ctx.log.info)  # still logs what it prepared
+    if mode == "bar" or (mode == "auto" and sys.stderr.isatty()):
+        return PrepareProgress("bar", ctx.log.info)
+    return PrepareProgress("plain", ctx.log.info)

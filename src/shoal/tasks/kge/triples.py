@@ -1,16 +1,24 @@
-"""Reading triples files and mapping labels to ids.
+"""Knowledge-graph data as training reads it: a prepared graph, memory-mapped.
 
-A triples file has one `head<TAB>relation<TAB>tail` a line. CRLF endings are
-tolerated (FB15k-237 ships with them: a loader that keeps the `\\r` counts 27,395
-"entities" instead of 14,541), blank lines are skipped; gzip, a byte-order mark
-and bytes that are not text are handled once for every text input, by
-`shoal/textfile.py`. A malformed line stops the run before training with
-`file:line: what is wrong`.
+The triples come from a prepared folder (`[task.data] prepared = "folder"`, written
+by `shoal kge prepare`), or from TSV files (`head<TAB>relation<TAB>tail` a line),
+which are prepared into a cache beside them on first use (`prepared/cache.py`); a
+built-in dataset is TSV files inside the pykeen wheel. Either way every process
+maps the same files: triples, names, degrees and the filter index are read from the
+page cache as they are used, never held as Python objects.
+
+TSV files: CRLF endings are tolerated (FB15k-237 ships with them: a loader that keeps
+the `\\r` counts 27,395 "entities" instead of 14,541), blank lines are skipped; gzip,
+a byte-order mark and bytes that are not text are handled as for every text input
+(`shoal/textfile.py`). A malformed line stops the run before training with
+`file:line: what is wrong`. Entity and relation ids follow the sorted order of the
+labels seen in training.
 """
 
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,10 +26,18 @@ import numpy as np
 import torch
 
 from shoal.errors import DataError, ShoalError
-from shoal.tasks.kge.config import BuiltinDataConfig, FilesDataConfig
-from shoal.textfile import read_text
+from shoal.tasks.kge.config import BuiltinDataConfig, FilesDataConfig, PreparedDataConfig
+from shoal.tasks.kge.prepared.cache import prepared_for
+from shoal.tasks.kge.prepared.filter_index import GraphFilter
+from shoal.tasks.kge.prepared.graph import PreparedGraph
+from shoal.tasks.kge.prepared.parse import TRIPLE_LINES, TRIPLES, raise_first_problem, split_block
+from shoal.tasks.kge.prepared.progress import PrepareProgress
+from shoal.tasks.kge.sampling import TrainStats
+from shoal.textfile import text_blocks
 
-TRIPLE_LINES = "expected head<TAB>relation<TAB>tail lines"
+__all__ = ["TRIPLE_LINES", "KGData", "LabelTriples", "load_kg", "read_triples"]
+
+KGDataConfig = BuiltinDataConfig | FilesDataConfig | PreparedDataConfig
 
 
 @dataclass
@@ -39,59 +55,42 @@ class LabelTriples:
 
 
 def read_triples(path: Path) -> LabelTriples:
-    """Parse a triples file; the first malformed line raises a one-line DataError."""
-    lines = read_text(path, TRIPLE_LINES).split("\n")
-    heads: list[str] = []
-    relations: list[str] = []
-    tails: list[str] = []
-    numbers: list[int] = []
-    for number, line in enumerate(lines, start=1):
-        cells = line.split("\t")
-        if len(cells) == 3:
-            head, relation, tail = cells[0].strip(), cells[1].strip(), cells[2].strip()
-            if head and relation and tail:
-                heads.append(head)
-                relations.append(relation)
-                tails.append(tail)
-                numbers.append(number)
-                continue
-        elif len(cells) == 1 and not line.strip():
-            continue  # a blank line (or the end of the file)
-        _reject(path, number, cells)
-    if not heads:
+    """The labels of a triples file, read as preparation reads it (the same one-line
+    errors); for tools and small files: it holds every label as a string."""
+    columns: list[list[str]] = [[], [], []]
+    lines = []
+    for block in text_blocks(path, TRIPLE_LINES):
+        rows = split_block(block, path, TRIPLES)
+        for column, fields in zip(columns, rows.columns, strict=True):
+            labels = [field.decode().strip() for field in fields]
+            if not all(labels):
+                raise_first_problem(block, path, TRIPLES)
+            column.extend(labels)
+        lines.append(rows.lines)
+    if not columns[0]:
         raise DataError(f"{path}: no triples; {TRIPLE_LINES}")
-    return LabelTriples(path, heads, relations, tails, np.asarray(numbers, dtype=np.int64))
-
-
-def _reject(path: Path, number: int, cells: list[str]) -> None:
-    if len(cells) != 3:
-        raise DataError(
-            f"{path}:{number}: expected 3 tab-separated columns (head, relation, tail), "
-            f"got {len(cells)}"
-        )
-    names = ("head", "relation", "tail")
-    empty = [name for name, cell in zip(names, cells, strict=True) if not cell.strip()]
-    raise DataError(f"{path}:{number}: empty {' and '.join(empty)}")
+    return LabelTriples(path, *columns, np.concatenate(lines))
 
 
 class IdMap:
-    """Labels <-> ids: ids follow the sorted order of the labels, so they are stable."""
+    """Labels <-> ids: ids follow the sorted order of the training labels, so they are
+    stable. `labels` reads names from the prepared graph's files as they are asked for."""
 
-    def __init__(self, labels: list[str]) -> None:
-        self.labels = sorted(set(labels))
-        self.index = {label: i for i, label in enumerate(self.labels)}
+    def __init__(self, labels: Sequence[str]) -> None:
+        self.labels = labels
 
     def __len__(self) -> int:
         return len(self.labels)
 
-    def lookup(self, labels: list[str]) -> np.ndarray:
-        """Ids of `labels`; -1 for a label this map does not hold."""
-        get = self.index.get
-        return np.fromiter((get(label, -1) for label in labels), dtype=np.int64, count=len(labels))
+    def tsv_blocks(self, rows: int = 1 << 16) -> Iterator[bytes]:
+        """`id<TAB>label` lines, readable without shoal, a block at a time."""
+        for start in range(0, len(self), rows):
+            stop = min(start + rows, len(self))
+            labels = self.labels[start:stop]
+            yield "".join(f"{i}\t{label}\n" for i, label in enumerate(labels, start)).encode()
 
     def to_tsv(self) -> str:
-        """`id<TAB>label` lines, readable without shoal."""
-        return "".join(f"{i}\t{label}\n" for i, label in enumerate(self.labels))
+        return b"".join(self.tsv_blocks()).decode()
 
 
 @dataclass
@@ -106,21 +105,24 @@ class EvalSplit:
 
 @dataclass
 class KGData:
+    """A prepared graph's tables as training uses them: `train` and each split's `triples`
+    are (n, 3) int64 tensors over the memory-mapped files."""
+
     entities: IdMap
     relations: IdMap
     train: torch.Tensor
     splits: dict[str, EvalSplit]
+    graph: PreparedGraph
 
-    def all_known(self) -> torch.Tensor:
-        """Every true triple of every split: what a filtered ranking leaves out."""
-        triples = torch.cat([self.train, *(s.triples for s in self.splits.values())])
-        num_entities, num_relations = len(self.entities), len(self.relations)
-        keys = (triples[:, 0] * num_relations + triples[:, 1]) * num_entities + triples[:, 2]
-        keys = torch.unique(keys)  # one int64 key per triple: far faster than unique(dim=0)
-        tails = keys % num_entities
-        relations = (keys // num_entities) % num_relations
-        heads = keys // (num_entities * num_relations)
-        return torch.stack([heads, relations, tails], dim=1)
+    @property
+    def stats(self) -> TrainStats:
+        """Degrees and per-relation counts of the training triples (negative sampling)."""
+        return TrainStats(self.graph.degree, self.graph.relation_counts)
+
+    @property
+    def filter(self) -> GraphFilter:
+        """Every known triple of every split, by query: what a filtered ranking leaves out."""
+        return self.graph.filter
 
 
 def builtin_paths(name: str) -> dict[str, Path]:
@@ -142,66 +144,50 @@ def builtin_paths(name: str) -> dict[str, Path]:
     return paths
 
 
-def _map_split(
-    name: str, labels: LabelTriples, entities: IdMap, relations: IdMap, unseen: str
-) -> EvalSplit:
-    ids = np.stack(
-        [
-            entities.lookup(labels.heads),
-            relations.lookup(labels.relations),
-            entities.lookup(labels.tails),
-        ],
-        axis=1,
-    )
-    known = (ids >= 0).all(axis=1)
-    if unseen == "error" and not known.all():
-        row = int(np.flatnonzero(~known)[0])
-        what = [
-            f"{kind} {label!r}"
-            for kind, label, i in zip(
-                ("entity", "relation", "entity"),
-                (labels.heads[row], labels.relations[row], labels.tails[row]),
-                ids[row],
-                strict=True,
-            )
-            if i < 0
-        ]
-        raise DataError(
-            f"{labels.path}:{int(labels.lines[row])}: {' and '.join(what)} never occurs in the "
-            'training triples; set task.data.unseen = "skip" to leave such triples out'
-        )
-    return EvalSplit(name, torch.from_numpy(ids[known]), int((~known).sum()), labels.path)
-
-
-def load_kg(config: BuiltinDataConfig | FilesDataConfig) -> KGData:
-    """Read the splits, build the id maps from training, map held-out splits.
-
-    Held-out triples whose entity or relation never occurs in training cannot be
-    ranked (the model has no row for them): they are counted and left out (the
-    documented rule, `unseen = "skip"`), or stop the run (`unseen = "error"`).
-    """
+def prepared_folder(
+    config: KGDataConfig, progress: PrepareProgress | None = None, stall_s: float = 300.0
+) -> Path:
+    """The prepared folder of `config`: given, or the cache of its TSV files (prepared now
+    if it is missing or out of date)."""
+    if isinstance(config, PreparedDataConfig):
+        return Path(config.prepared).parent
     if isinstance(config, BuiltinDataConfig):
-        files: dict[str, Path] = builtin_paths(config.name)
+        files, beside = builtin_paths(config.name), False  # never write into site-packages
     else:
-        files = {"train": Path(config.train)}
+        files, beside = {"train": Path(config.train)}, True
         if config.valid:
             files["valid"] = Path(config.valid)
         if config.test:
             files["test"] = Path(config.test)
-    train = read_triples(files["train"])
-    entities = IdMap(train.heads + train.tails)
-    relations = IdMap(train.relations)
-    train_ids = np.stack(
-        [
-            entities.lookup(train.heads),
-            relations.lookup(train.relations),
-            entities.lookup(train.tails),
-        ],
-        axis=1,
+    return prepared_for(files, progress or PrepareProgress(), stall_s, beside)
+
+
+def load_kg(
+    config: KGDataConfig, progress: PrepareProgress | None = None, stall_s: float = 300.0
+) -> KGData:
+    """Open the graph `config` names (preparing TSV files first if need be).
+
+    Held-out triples whose entity or relation never occurs in training cannot be
+    ranked (the model has no row for them): preparation counted them and left them
+    out; `unseen = "error"` stops the run at the first instead.
+    """
+    graph = PreparedGraph.open(prepared_folder(config, progress, stall_s), stall_s)
+    splits = {}
+    for name, triples in graph.splits.items():
+        if name == "train":
+            continue
+        info = graph.split_info(name)
+        if info["unseen"] and config.unseen == "error":
+            raise DataError(
+                f'{info["first_unseen"]}; set task.data.unseen = "skip" to leave such triples out'
+            )
+        splits[name] = EvalSplit(
+            name, torch.from_numpy(triples), int(info["unseen"]), Path(info["source"])
+        )
+    return KGData(
+        IdMap(graph.entity_names),
+        IdMap(graph.relation_names),
+        torch.from_numpy(graph.splits["train"]),
+        splits,
+        graph,
     )
-    splits = {
-        name: _map_split(name, read_triples(path), entities, relations, config.unseen)
-        for name, path in files.items()
-        if name != "train"
-    }
-    return KGData(entities, relations, torch.from_numpy(train_ids), splits)

@@ -26,7 +26,7 @@ class NegativeSampling(TrainingType):
     def __init__(self, config: KGETaskConfig, data: KGData, seed: int) -> None:
         super().__init__(config, data, seed)
         self.sampler = NegativeSampler(
-            config.negatives, data.train, self.num_entities, self.num_relations, seed
+            config.negatives, data.train, self.num_entities, self.num_relations, seed, data.stats
         )
 
     @property
