@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -79,12 +80,18 @@ def run_limited(config: dict[str, Any], folder: Path, limit: int) -> dict[str, A
         path.write_text(json.dumps(config))
         out.unlink(missing_ok=True)
         started = time.perf_counter()
-        child = subprocess.run(
+        child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(path), str(out)],
             preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
-            capture_output=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
             text=True,
         )
+        try:
+            log, _ = child.communicate()
+        finally:  # stopped (timeout, Ctrl-C): no process of the job is left behind
+            for pid in (group / "cgroup.procs").read_text().split():
+                os.kill(int(pid), signal.SIGKILL)
         wall = time.perf_counter() - started
         oom = (group / "memory.oom_control").read_text()
         report = {
@@ -101,7 +108,7 @@ def run_limited(config: dict[str, Any], folder: Path, limit: int) -> dict[str, A
             report["steps"] = results.get("steps")
             report["servers"] = results.get("parameter_server", {}).get("servers")
         else:
-            report["stderr_tail"] = child.stderr[-2000:]
+            report["log_tail"] = log[-2000:]
         return report
     finally:
         for _ in range(50):  # the cgroup empties once its last process is reaped
@@ -113,6 +120,7 @@ def run_limited(config: dict[str, Any], folder: Path, limit: int) -> dict[str, A
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit("stopped (SIGTERM)"))
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--entities", type=int, default=500_000)
     parser.add_argument("--dim", type=int, default=1024)

@@ -33,7 +33,7 @@ from shoal.strategies.parameter_server.storage import MemoryStorage, ShardStorag
 
 SHARD_GLOB = "ps-shard-*-of-*.pt"
 #: initial rows are computed this many entries at a time (the temporaries stay small)
-INIT_BLOCK_ENTRIES = 1 << 22
+INIT_BLOCK_ENTRIES = 1 << 20
 
 
 def build_shard(

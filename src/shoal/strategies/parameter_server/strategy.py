@@ -168,6 +168,7 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
         ctx, config, task = self.ctx, self.config, self.task
         optimizer = build_row_optimizer(config.optimizer)
         seed_everything(ctx.config.train.seed)  # the initial tables of every other strategy
+        growth = PeakGrowth().__enter__()  # O(rows owned): the figure says so (results.json)
         with torch.device("meta"):  # shapes and the rows' key: no table is allocated
             model = task.build_model()
         served = self.tables
@@ -180,13 +181,13 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
         storage: ShardStorage = MemoryStorage()
         if config.shard_dir is not None:
             storage = FileStorage(Path(config.shard_dir), f"server-{server}")
-        with PeakGrowth() as growth:  # O(rows owned): the figure says so (results.json)
-            tables = {
-                name: build_shard(
-                    self.owners[name], server, weight.shape[1], starts(name), optimizer, storage
-                )
-                for name, weight in served.table_weights(model).items()
-            }
+        tables = {
+            name: build_shard(
+                self.owners[name], server, weight.shape[1], starts(name), optimizer, storage
+            )
+            for name, weight in served.table_weights(model).items()
+        }
+        growth.__exit__()
         widths = (tables["entity"].width, tables["relation"].width)
         shard = ShardServer(
             server,

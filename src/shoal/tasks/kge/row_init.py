@@ -36,7 +36,7 @@ from shoal.tasks.kge.model_config import (
     XavierUniformInit,
 )
 
-BLOCK_ENTRIES = 1 << 20
+BLOCK_ENTRIES = 1 << 18
 _GOLDEN = np.uint64(0x9E3779B97F4A7C15)
 _M1 = np.uint64(0xBF58476D1CE4E5B9)
 _M2 = np.uint64(0x94D049BB133111EB)
@@ -95,10 +95,16 @@ def table_key(model_key: int, table: str) -> int:
 
 def uniforms(key: int, counters: np.ndarray) -> np.ndarray:
     """A float64 in (0, 1) for each uint64 counter: splitmix64(key + (counter + 1) * golden)."""
-    with np.errstate(over="ignore"):
-        z = (counters + np.uint64(1)) * _GOLDEN + np.uint64(key)
-        z = _mix(z)
-    return (z >> np.uint64(11)).astype(np.float64) * 2.0**-53 + 2.0**-54
+    with np.errstate(over="ignore"):  # in place: one array of temporaries at a time
+        z = counters + np.uint64(1)
+        z *= _GOLDEN
+        z += np.uint64(key)
+        _mix(z)
+        z >>= np.uint64(11)
+    out = z.astype(np.float64)
+    out *= 2.0**-53
+    out += 2.0**-54
+    return out
 
 
 def _block(key: int, ids: np.ndarray, width: int, init: RowInit) -> np.ndarray:
@@ -109,12 +115,21 @@ def _block(key: int, ids: np.ndarray, width: int, init: RowInit) -> np.ndarray:
         )
     if init.normal:  # Box-Muller: two independent uniforms per entry
         with np.errstate(over="ignore"):
-            counters = counters * np.uint64(2)
-        radius = np.sqrt(-2.0 * np.log(uniforms(key, counters)))
-        values = radius * np.cos(2.0 * math.pi * uniforms(key, counters + np.uint64(1)))
-        values = init.low + init.high * values
+            counters *= np.uint64(2)
+        values = np.log(uniforms(key, counters))
+        values *= -2.0
+        np.sqrt(values, out=values)
+        counters += np.uint64(1)
+        angle = uniforms(key, counters)
+        angle *= 2.0 * math.pi
+        np.cos(angle, out=angle)
+        values *= angle
+        values *= init.high
+        values += init.low
     else:
-        values = init.low + (init.high - init.low) * uniforms(key, counters)
+        values = uniforms(key, counters)
+        values *= init.high - init.low
+        values += init.low
     if init.unit_norm:
         norms = np.sqrt((values * values).sum(axis=1, keepdims=True))
         values /= np.maximum(norms, 1e-12)
