@@ -21,6 +21,7 @@ ends, however it ends, and no other process can open it.
 
 from __future__ import annotations
 
+import mmap
 import os
 import tempfile
 from pathlib import Path
@@ -58,6 +59,10 @@ class FileStorage:
         try:
             os.ftruncate(fd, max(count, 1) * 4)
             mapped = np.memmap(name, dtype=np.float32, mode="r+", shape=(max(count, 1),))
+            # rows are read at random: without this each fault reads ahead 128 KiB and
+            # more around a row of a few KiB, and a working set smaller than the shard
+            # turns into reading the file over and over
+            mapped._mmap.madvise(mmap.MADV_RANDOM)  # type: ignore[attr-defined]
         finally:
             os.close(fd)
             os.unlink(name)  # the mapping keeps the blocks until it is dropped
