@@ -55,8 +55,10 @@ def serve(workers: int, timeout_s: float = 30.0) -> ShardServer:
     owners = {"entity": torch.zeros(ENTITIES, dtype=torch.int32).numpy()}
     owners["relation"] = torch.zeros(RELATIONS, dtype=torch.int32).numpy()
     tables = {
-        "entity": build_shard(owners["entity"], 0, INITIAL, optimizer),
-        "relation": build_shard(owners["relation"], 0, torch.zeros(RELATIONS, WIDTH), optimizer),
+        "entity": build_shard(owners["entity"], 0, WIDTH, INITIAL.__getitem__, optimizer),
+        "relation": build_shard(
+            owners["relation"], 0, WIDTH, lambda ids: torch.zeros(len(ids), WIDTH), optimizer
+        ),
     }
     server = ShardServer(0, 1, workers, tables, optimizer, "async", None, 30.0)
     log = logging.getLogger("test")

@@ -129,11 +129,12 @@ def load_checkpoint(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
     return load_tensors(path, STATE_FILE), meta
 
 
-def load_tensors(path: Path, name: str) -> Any:
+def load_tensors(path: Path, name: str, mmap: bool = False) -> Any:
     """torch.load of checkpoint file `name` with weights_only: nothing but tensors and plain
-    data is unpickled, whatever the file holds."""
+    data is unpickled, whatever the file holds. `mmap`: tensors map the file rather than
+    being read into memory (a file larger than memory)."""
     try:
-        return torch.load(path / name, map_location="cpu", weights_only=True)
+        return torch.load(path / name, map_location="cpu", weights_only=True, mmap=mmap)
     except pickle.UnpicklingError:
         raise CorruptCheckpoint(
             path, f"{name} holds objects other than tensors and plain data; it is not loaded"

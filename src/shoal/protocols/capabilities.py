@@ -159,6 +159,12 @@ class ServedTables(Protocol):
         device) their shapes."""
         ...
 
+    def initial_rows(self, model: nn.Module, table: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of `table` as `model` (built after the run's seed was set; on the meta
+        device) starts: the rows a server builds, alone, for the ids it owns, equal to
+        those of the same model built with its tables."""
+        ...
+
     def serve(self, model: nn.Module, source: Any) -> None:
         """Make `model` read its rows from `source` (`rows(table, ids)`, `entity_blocks()`)
         instead of its own tables, which it drops."""

@@ -42,9 +42,13 @@ def _job(rank: int, world_size: int, mode: str, bound: int | None, out: str) -> 
         server = rank - WORKERS
         optimizer = build_row_optimizer(RowSGDConfig(lr=LR))
         tables = {
-            "entity": build_shard(OWNERS["entity"], server, INITIAL, optimizer),
+            "entity": build_shard(OWNERS["entity"], server, WIDTH, INITIAL.__getitem__, optimizer),
             "relation": build_shard(
-                OWNERS["relation"], server, torch.zeros(RELATIONS, WIDTH), optimizer
+                OWNERS["relation"],
+                server,
+                WIDTH,
+                lambda ids: torch.zeros(len(ids), WIDTH),
+                optimizer,
             ),
         }
         shard = ShardServer(server, SERVERS, WORKERS, tables, optimizer, mode, bound, BARRIER_S)

@@ -190,6 +190,14 @@ class ParameterServerStrategyConfig(StrategySection):
         "and a server rejects a header announcing more.",
         json_schema_extra=RESUME_SAFE,
     )
+    shard_dir: str | None = Field(
+        None,
+        description="A folder (on a local disk) where each server keeps its rows and their "
+        "optimizer state as memory-mapped files, so the tables may be larger than the "
+        "job's memory: the page cache holds the rows in use. Unset: in memory. The files "
+        "are unlinked as soon as they are mapped (nothing is left behind).",
+        json_schema_extra=RESUME_SAFE,
+    )
     worker_memory_budget_mb: float | None = Field(
         None,
         gt=0,

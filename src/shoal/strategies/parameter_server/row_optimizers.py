@@ -9,6 +9,7 @@ the update), so an index assignment never races with itself.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import torch
 
@@ -26,7 +27,11 @@ class RowOptimizer:
         self.config = config
         self.lr = config.lr
 
-    def new_state(self, rows: int, width: int) -> dict[str, torch.Tensor]:
+    def new_state(
+        self, rows: int, width: int, zeros: Callable[..., torch.Tensor] = torch.zeros
+    ) -> dict[str, torch.Tensor]:
+        """The state of `rows` rows of `width`, made by `zeros(*shape)` (where it lives:
+        storage.py)."""
         return {}
 
     def apply(
@@ -43,8 +48,10 @@ class RowAdagrad(RowOptimizer):
     """Row-wise Adagrad (PyTorch-BigGraph, DGL-KE): s_i += mean_j g_ij^2;
     w_i -= lr * g_i / (sqrt(s_i) + eps). One float of state per row."""
 
-    def new_state(self, rows: int, width: int) -> dict[str, torch.Tensor]:
-        return {"sum": torch.zeros(rows)}
+    def new_state(
+        self, rows: int, width: int, zeros: Callable[..., torch.Tensor] = torch.zeros
+    ) -> dict[str, torch.Tensor]:
+        return {"sum": zeros(rows)}
 
     def apply(
         self,
@@ -72,12 +79,10 @@ class LazyAdam(RowOptimizer):
         super().__init__(config)
         self._updates: dict[int, float] = {}  # per table (its `step` tensor): updates so far
 
-    def new_state(self, rows: int, width: int) -> dict[str, torch.Tensor]:
-        return {
-            "m": torch.zeros(rows, width),
-            "v": torch.zeros(rows, width),
-            "step": torch.zeros(rows),
-        }
+    def new_state(
+        self, rows: int, width: int, zeros: Callable[..., torch.Tensor] = torch.zeros
+    ) -> dict[str, torch.Tensor]:
+        return {"m": zeros(rows, width), "v": zeros(rows, width), "step": zeros(rows)}
 
     def apply(
         self,

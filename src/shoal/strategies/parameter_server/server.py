@@ -29,8 +29,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import hashlib
-import io
 import json
 import logging
 import math
@@ -42,9 +40,10 @@ from typing import Any, Protocol
 import numpy as np
 import torch
 
-from shoal.checkpoint.atomic import atomic_write_bytes
+from shoal.checkpoint.atomic import atomic_write_stream
 from shoal.errors import PeerFailed, ShoalError
 from shoal.strategies.parameter_server.row_optimizers import RowOptimizer
+from shoal.strategies.parameter_server.storage import MemoryStorage, ShardStorage
 from shoal.strategies.parameter_server.wire import (
     ANSWERED,
     REQUESTS,
@@ -109,6 +108,8 @@ class ServerStats:
     apply_s: float = 0.0
     held_s: float = 0.0
     rejected: int = 0
+    #: how far building the shard raised the server's resident set (None: not measured)
+    build_peak_bytes: int | None = None
     staleness: collections.Counter[int] = field(default_factory=collections.Counter)
 
     def as_json(self) -> dict[str, Any]:
@@ -139,6 +140,7 @@ class ShardServer:
         barrier_timeout_s: float,
         save_root: Path | None = None,
         log: logging.Logger | None = None,
+        storage: ShardStorage | None = None,
         load_files: ShardLoader | None = None,
     ) -> None:
         self.index = index
@@ -147,6 +149,8 @@ class ShardServer:
         self.num_servers = num_servers
         self.num_workers = num_workers
         self.tables = tables
+        #: where the rows live; a snapshot of the best model is kept there too
+        self.storage = storage or MemoryStorage()
         self.optimizer = optimizer
         self.mode = mode
         self.bound = bound
@@ -411,10 +415,16 @@ class ShardServer:
         if header.op == Op.SAVE:
             return Reply(header.sender, reply, blob=self._save(message.blob, header.clock))
         if header.op == Op.SNAPSHOT:
-            self._snapshot = {
-                name: (t.rows.clone(), {k: v.clone() for k, v in t.state.items()})
-                for name, t in self.tables.items()
-            }
+            if self._snapshot is None:  # made once, where the rows live, then overwritten
+                self._snapshot = {
+                    name: (self._like(t.rows), {k: self._like(v) for k, v in t.state.items()})
+                    for name, t in self.tables.items()
+                }
+            for name, t in self.tables.items():
+                rows, state = self._snapshot[name]
+                rows.copy_(t.rows)
+                for key, value in t.state.items():
+                    state[key].copy_(value)
             self.snapshot_clock = header.clock
         elif header.op == Op.RESTORE:
             return Reply(header.sender, reply, blob=self._restore(message.blob))
@@ -422,6 +432,9 @@ class ShardServer:
             stats = {**self.stats.as_json(), "snapshot_clock": self.snapshot_clock}
             return Reply(header.sender, reply, blob=json.dumps(stats).encode())
         return Reply(header.sender, reply)
+
+    def _like(self, tensor: torch.Tensor) -> torch.Tensor:
+        return self.storage.empty(*tensor.shape)
 
     def _restore(self, blob: bytes) -> bytes:
         """Put the best model back: `blob` names its clock and the checkpoint folder that
@@ -505,12 +518,10 @@ class ShardServer:
         except UnicodeDecodeError as exc:
             raise WireError(f"not a folder name: {exc}") from None
         target = self._inside_run(folder)
-        buffer = io.BytesIO()
-        torch.save(self.shard_state(clock), buffer)
-        data = buffer.getvalue()
         name = shard_file_name(self.index, self.num_servers)
-        try:
-            atomic_write_bytes(Path(folder) / name, data)
+        state = self.shard_state(clock)
+        try:  # streamed: a shard in files (storage.py) may be larger than memory
+            digest = atomic_write_stream(Path(folder) / name, lambda f: torch.save(state, f))
         except FileNotFoundError as exc:
             if target.exists():
                 raise
@@ -519,7 +530,7 @@ class ShardServer:
                 "server wrote its shard: the worker that asked for it gave the save up (another "
                 "rank failed)"
             ) from exc
-        return json.dumps({"file": name, "sha256": hashlib.sha256(data).hexdigest()}).encode()
+        return json.dumps({"file": name, "sha256": digest}).encode()
 
 
 def shard_file_name(index: int, num_servers: int) -> str:

@@ -1,21 +1,24 @@
-"""A server's shard: built from the task's initial tables, or read back from a checkpoint.
+"""A server's shard: its rows as the task's model starts, or read back from a checkpoint.
 
-Initial rows come from the task's own model (the same seed as every other
-strategy, so `sync` starts where `local` starts); the server keeps its rows
-and frees the rest. (It materialises each table once while starting: the memory
-bound that holds throughout is the workers'.)
+Initial rows come from the task's own model, built on the meta device after the
+same seed as every other strategy: the task computes the rows of the ids a server
+owns and only those (a row is a function of the model's key, the table and the
+id), so `sync` starts where `local` starts, any number of servers and any
+sharding start from the same table, and no server ever holds a row it does not
+own. A server resuming from a checkpoint computes no initial row at all.
 
 A checkpoint holds one file per server (`ps-shard-SSS-of-NNN.pt`: global ids,
 rows, per-row optimizer state, the clock). On resume each server reads every
 file and keeps the rows it owns now, so a different `num_servers` or sharding
-re-shards; one file in memory at a time. The files are verified against the
-checkpoint's meta.json first. A row missing from the files, or a table of another
-size, is a clear error.
+re-shards; each file is memory-mapped, so only the pages of the rows taken are
+read. The files are verified against the checkpoint's meta.json first. A row
+missing from the files, or a table of another size, is a clear error.
 """
 
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -26,18 +29,33 @@ from shoal.errors import ShoalError
 from shoal.strategies.parameter_server.row_optimizers import RowOptimizer
 from shoal.strategies.parameter_server.server import TABLES, TableShard
 from shoal.strategies.parameter_server.sharding import local_index, shard_ids
+from shoal.strategies.parameter_server.storage import MemoryStorage, ShardStorage
 
 SHARD_GLOB = "ps-shard-*-of-*.pt"
+#: initial rows are computed this many entries at a time (the temporaries stay small)
+INIT_BLOCK_ENTRIES = 1 << 20
 
 
 def build_shard(
-    owners: np.ndarray, server: int, full: torch.Tensor, optimizer: RowOptimizer
+    owners: np.ndarray,
+    server: int,
+    width: int,
+    initial_rows: Callable[[torch.Tensor], torch.Tensor] | None,
+    optimizer: RowOptimizer,
+    storage: ShardStorage | None = None,
 ) -> TableShard:
-    """This server's rows of the initial table `full` (copied, so `full` can be freed)."""
-    ids = shard_ids(owners, server)
-    rows = full[torch.from_numpy(ids)].detach().clone().float()
-    state = optimizer.new_state(len(ids), int(full.shape[1]))
-    return TableShard(torch.from_numpy(ids), local_index(owners, server), rows, state)
+    """This server's rows of a table of `width` columns, kept in `storage` (default: in
+    memory): `initial_rows(ids)` for the ids it owns, computed a block at a time, or (None:
+    a resume fills them from its checkpoint) left as the storage makes them."""
+    storage = storage or MemoryStorage()
+    ids = torch.from_numpy(shard_ids(owners, server))
+    rows = storage.empty(len(ids), width)
+    if initial_rows is not None:
+        step = max(1, INIT_BLOCK_ENTRIES // max(width, 1))
+        for start in range(0, len(ids), step):
+            rows[start : start + step] = initial_rows(ids[start : start + step])
+    state = optimizer.new_state(len(ids), width, storage.zeros)
+    return TableShard(ids, local_index(owners, server), rows, state)
 
 
 def load_shards(
@@ -55,7 +73,7 @@ def load_shards(
     clocks = set()
     saved_servers = set()
     for file in files:
-        state = load_tensors(folder, file.name)
+        state = load_tensors(folder, file.name, mmap=True)  # pages of the rows it takes
         clocks.add(int(state["clock"]))
         saved_servers.add(int(state["num_servers"]))
         for name in TABLES:

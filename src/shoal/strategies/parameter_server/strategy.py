@@ -23,6 +23,7 @@ import dataclasses
 import datetime
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,6 +36,7 @@ from shoal.errors import ShoalError
 from shoal.protocols.capabilities import SERVED_TABLES, ServedTables
 from shoal.protocols.task import Task
 from shoal.runtime.collectives import all_reduce_sum
+from shoal.runtime.memory import PeakGrowth
 from shoal.runtime.rng import seed_everything
 from shoal.strategies.base import Strategy
 from shoal.strategies.parameter_server.client import RowClient
@@ -52,6 +54,7 @@ from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
 from shoal.strategies.parameter_server.server import ShardServer
 from shoal.strategies.parameter_server.sharding import table_owners
 from shoal.strategies.parameter_server.shards import build_shard, load_shards
+from shoal.strategies.parameter_server.storage import FileStorage, MemoryStorage, ShardStorage
 from shoal.strategies.parameter_server.transport import (
     Link,
     LocalChannel,
@@ -165,13 +168,27 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
         ctx, config, task = self.ctx, self.config, self.task
         optimizer = build_row_optimizer(config.optimizer)
         seed_everything(ctx.config.train.seed)  # the initial tables of every other strategy
-        full = task.build_model()
+        growth = PeakGrowth().__enter__()  # O(rows owned): the figure says so (results.json)
+        with torch.device("meta"):  # shapes and the rows' key: no table is allocated
+            model = task.build_model()
+        served = self.tables
+
+        def starts(name: str) -> Callable[[torch.Tensor], torch.Tensor] | None:
+            if ctx.resume_from:  # the checkpoint fills every row
+                return None
+            return lambda ids: served.initial_rows(model, name, ids)
+
+        storage: ShardStorage = MemoryStorage()
+        if config.shard_dir is not None:
+            storage = FileStorage(Path(config.shard_dir), f"server-{server}")
         tables = {
-            name: build_shard(self.owners[name], server, weight, optimizer)
-            for name, weight in self.tables.table_weights(full).items()
+            name: build_shard(
+                self.owners[name], server, weight.shape[1], starts(name), optimizer, storage
+            )
+            for name, weight in served.table_weights(model).items()
         }
+        growth.__exit__()
         widths = (tables["entity"].width, tables["relation"].width)
-        del full
         shard = ShardServer(
             server,
             config.num_servers,
@@ -183,8 +200,10 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
             config.barrier_timeout_s,
             ctx.paths.root,
             ctx.log,
+            storage,
             lambda folder, tables: load_shards(folder, server, config.num_servers, tables, ctx.log),
         )
+        shard.stats.build_peak_bytes = growth.bytes
         if ctx.resume_from:
             shard.resume_at(
                 load_shards(Path(ctx.resume_from), server, config.num_servers, tables, ctx.log)
@@ -334,7 +353,8 @@ def describe_server(server: ShardServer, config: ParameterServerStrategyConfig, 
     bound = f" (max_staleness {config.max_staleness})" if config.mode == "bounded" else ""
     return (
         f"parameter server {server.index} of {server.num_servers} on rank {rank}: {tables}; "
-        f"{size / MIB:.2f} MiB with optimizer state; {config.optimizer.kind} lr "
+        f"{size / MIB:.2f} MiB with optimizer state, {server.storage.describe()}; "
+        f"{config.optimizer.kind} lr "
         f"{config.optimizer.lr:g}; mode {config.mode}{bound}; {config.sharding.kind} sharding; "
         f"{server.num_workers} workers"
     )

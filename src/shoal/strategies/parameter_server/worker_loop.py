@@ -150,6 +150,7 @@ def server_section(
             "barrier_wait_s": wait_s / max(ctx.world_size, 1),
             "server_apply_s": [s["apply_s"] for s in servers],
             "server_held_s": [s["held_s"] for s in servers],
+            "server_build_peak_bytes": [s.get("build_peak_bytes") for s in servers],
             "rejected_messages": sum(s["rejected"] for s in servers),
             "staleness_histogram": dict(sorted(staleness.items(), key=lambda kv: int(kv[0]))),
             "worker_peak_row_bytes": int(peak),

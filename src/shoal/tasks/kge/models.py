@@ -25,6 +25,11 @@ head query (?, r, t) becomes the tail query (t, r^-1, ?) (`relation_ids` and
 `queries` say which rows and which query a side uses); embedding dropout applies
 to rows as a score uses them, only in training mode; `init` replaces the paper's
 initialisation of the tables.
+
+A model declares its initialisation (`row_inits`: a distribution per table) rather
+than drawing it: the rows are a function of (model key, table, row id)
+(`row_init.py`), so a parameter server builds only the rows it owns, and they are
+the rows one process starts from.
 """
 
 from __future__ import annotations
@@ -45,13 +50,11 @@ from shoal.tasks.kge.model_config import (
     DistMultConfig,
     InitConfig,
     ModelOptions,
-    NormalInit,
     RotatEConfig,
     TransEConfig,
-    UniformInit,
-    XavierUniformInit,
 )
 from shoal.tasks.kge.rotate_distance import rotate_distances
+from shoal.tasks.kge.row_init import RowInit, from_config, initial_rows, table_key
 
 _TINY = 1e-30  # below this a squared modulus is clamped: sqrt stays differentiable at 0
 
@@ -99,19 +102,6 @@ def dropout(rows: torch.Tensor, p: float) -> torch.Tensor:
     return torch.where(keep, rows * (32768.0 / (32768 - threshold)), 0.0)
 
 
-def initialize_table(table: torch.Tensor, init: InitConfig) -> None:
-    """Fill `table` (rows x width) in place as `init` says (torch.nn.init, as LibKGE calls it)."""
-    with torch.no_grad():
-        if isinstance(init, UniformInit):
-            nn.init.uniform_(table, init.a, init.b)
-        elif isinstance(init, NormalInit):
-            nn.init.normal_(table, init.mean, init.std)
-        elif isinstance(init, XavierUniformInit):
-            nn.init.xavier_uniform_(table, gain=init.gain)
-        else:
-            nn.init.xavier_normal_(table, gain=init.gain)
-
-
 class KGEModel(nn.Module, ABC):
     """Entity and relation tables and a score function defined on their rows.
 
@@ -144,19 +134,50 @@ class KGEModel(nn.Module, ABC):
         options: ModelOptions,
     ) -> None:
         super().__init__()
+        #: the key of the initial rows (on CPU even under a meta-device build, so a model
+        #: built for its shapes draws the same key as one built with its tables)
+        self.init_key = int(torch.randint(0, 2**62, (1,), device="cpu").item())
         self.num_relations = num_relations
         self.reciprocal = options.reciprocal
         self.entity_dropout = options.entity_dropout
         self.relation_dropout = options.relation_dropout
-        self.entity = nn.Embedding(num_entities, entity_width)
-        self.relation = nn.Embedding(relation_table_rows(num_relations, options), relation_width)
+        relations = relation_table_rows(num_relations, options)
+        # storage only (no draw): `reset_rows` writes the initial rows
+        self.entity = nn.Embedding(
+            num_entities, entity_width, _weight=torch.empty(num_entities, entity_width)
+        )
+        self.relation = nn.Embedding(
+            relations, relation_width, _weight=torch.empty(relations, relation_width)
+        )
+        self.row_inits: dict[str, RowInit] = {
+            "entity": RowInit.gaussian(0.0, 1.0),
+            "relation": RowInit.gaussian(0.0, 1.0),
+        }
         self.sparse = False  # set by the task: gathers then give sparse row gradients
         self.served: RowSource | None = None
 
     def initialize(self, init: InitConfig) -> None:
         """Replace the paper's initialisation of both tables by `init`."""
-        initialize_table(self.entity.weight, init)
-        initialize_table(self.relation.weight, init)
+        for table, weight in self.tables().items():
+            self.row_inits[table] = from_config(init, int(weight.shape[0]), int(weight.shape[1]))
+
+    def tables(self) -> dict[str, torch.Tensor]:
+        """The tables by name (meta tensors for a model built for its shapes)."""
+        return {"entity": self.entity.weight, "relation": self.relation.weight}
+
+    def initial_rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of `table` ("entity" or "relation") as the model starts, float32:
+        the same for whichever process computes them (`row_init.py`)."""
+        width = int(self.tables()[table].shape[1])
+        return initial_rows(table_key(self.init_key, table), ids, width, self.row_inits[table])
+
+    @torch.no_grad()
+    def reset_rows(self) -> None:
+        """Write every row's initial value into the tables (nothing on the meta device)."""
+        for table, weight in self.tables().items():
+            if not weight.is_meta:
+                ids = torch.arange(weight.shape[0])
+                weight.copy_(self.initial_rows(table, ids))
 
     def serve_tables(self, source: RowSource) -> None:
         """Read rows from `source` from now on and drop the local tables (a parameter-server
@@ -289,12 +310,9 @@ class TransE(KGEModel):
         self.p = config.p
         self.normalize = config.normalize_entities
         bound = 6.0 / math.sqrt(dim) * config.init_scale
-        with torch.no_grad():
-            nn.init.uniform_(self.entity.weight, -bound, bound)
-            nn.init.uniform_(self.relation.weight, -bound, bound)
-            self.relation.weight.copy_(F.normalize(self.relation.weight, dim=-1))
-            if self.normalize:  # start on the unit sphere, where the paper keeps entities
-                self.entity.weight.copy_(F.normalize(self.entity.weight, dim=-1))
+        # start on the unit sphere, where the paper keeps entities
+        self.row_inits["entity"] = RowInit.uniform(-bound, bound, unit_norm=self.normalize)
+        self.row_inits["relation"] = RowInit.uniform(-bound, bound, unit_norm=True)
 
     def prepare_entities(self, rows: torch.Tensor) -> torch.Tensor:
         return F.normalize(rows, dim=-1) if self.normalize else rows
@@ -339,8 +357,7 @@ class DistMult(KGEModel):
     ) -> None:
         super().__init__(num_entities, num_relations, dim, dim, config)
         bound = math.sqrt(6.0 / (2 * dim)) * config.init_scale
-        nn.init.uniform_(self.entity.weight, -bound, bound)
-        nn.init.uniform_(self.relation.weight, -bound, bound)
+        self.row_inits["entity"] = self.row_inits["relation"] = RowInit.uniform(-bound, bound)
 
     def tail_query(self, head: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
         return head * relation
@@ -371,8 +388,8 @@ class ComplEx(DistMult):
         self, config: ComplExConfig, num_entities: int, num_relations: int, dim: int
     ) -> None:
         KGEModel.__init__(self, num_entities, num_relations, dim, dim, config)
-        nn.init.normal_(self.entity.weight, std=config.init_scale)
-        nn.init.normal_(self.relation.weight, std=config.init_scale)
+        normal = RowInit.gaussian(0.0, config.init_scale)
+        self.row_inits["entity"] = self.row_inits["relation"] = normal
 
     def tail_query(self, head: torch.Tensor, relation: torch.Tensor) -> torch.Tensor:
         h_re, h_im = _halves(head)
@@ -417,8 +434,8 @@ class RotatE(KGEModel):
         k = dim // 2
         super().__init__(num_entities, num_relations, dim, k, config)
         bound = (gamma + 2.0) / k * config.init_scale
-        nn.init.uniform_(self.entity.weight, -bound, bound)
-        nn.init.uniform_(self.relation.weight, -math.pi, math.pi)
+        self.row_inits["entity"] = RowInit.uniform(-bound, bound)
+        self.row_inits["relation"] = RowInit.uniform(-math.pi, math.pi)
 
     @staticmethod
     def _rotation(phases: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -477,7 +494,8 @@ class RotatE(KGEModel):
 
     def initialize(self, init: InitConfig) -> None:
         """Entities only: relations are phases, U(-pi, pi) whatever the entities' init."""
-        initialize_table(self.entity.weight, init)
+        rows, width = self.entity.weight.shape
+        self.row_inits["entity"] = from_config(init, int(rows), int(width))
 
     def magnitudes(self, rows: torch.Tensor, table: str) -> torch.Tensor | None:
         if table == "relation":
@@ -499,4 +517,5 @@ def build_kge_model(
     model = cls.from_config(config, num_entities, num_relations, dim, gamma)
     if config.init is not None:
         model.initialize(config.init)
+    model.reset_rows()
     return model

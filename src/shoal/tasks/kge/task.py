@@ -143,6 +143,11 @@ class KGETask(Task):
         assert isinstance(model, KGEModel)
         return {"entity": model.entity.weight, "relation": model.relation.weight}
 
+    def initial_rows(self, model: nn.Module, table: str, ids: torch.Tensor) -> torch.Tensor:
+        """Rows `ids` of `table` as `model` starts (a function of its key and the ids)."""
+        assert isinstance(model, KGEModel)
+        return model.initial_rows(table, ids)
+
     def serve(self, model: nn.Module, source: RowSource) -> None:
         """The model reads its rows from `source` from now on; its tables are dropped."""
         assert isinstance(model, KGEModel)
