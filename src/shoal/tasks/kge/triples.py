@@ -69,7 +69,7 @@ def read_triples(path: Path) -> LabelTriples:
         lines.append(rows.lines)
     if not columns[0]:
         raise DataError(f"{path}: no triples; {TRIPLE_LINES}")
-    return LabelTriples(path, *columns, np.concatenate(lines))
+    return LabelTriples(path, columns[0], columns[1], columns[2], np.concatenate(lines))
 
 
 class IdMap:

@@ -36,11 +36,10 @@ RACY_S = 2.0
 
 
 def sha256_of(path: Path) -> str:
-    digest = hashlib.sha256()
+    """The file's sha256, read through one small reused buffer (hashlib's): checking a
+    graph's files allocates no more at a billion triples than at a thousand."""
     with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 22), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def _seal(body: dict[str, Any]) -> str:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import numpy as np
 
@@ -152,7 +153,9 @@ def parse_ids(
     return out
 
 
-def _raise_bad_id(rows: Rows, block: TextBlock, path: Path, form: LineFormat, width: int) -> None:
+def _raise_bad_id(
+    rows: Rows, block: TextBlock, path: Path, form: LineFormat, width: int
+) -> NoReturn:
     for row in range(len(rows)):
         for name, fields in zip(form.columns[:width], rows.columns, strict=False):
             text = fields[row].decode().strip()
