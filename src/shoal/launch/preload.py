@@ -36,6 +36,8 @@ _die_with_the_launcher()
 
 import torch._dynamo  # noqa: E402, F401  (see above: the first optimizer would import it)
 
-import shoal.launch.worker  # noqa: E402  (imported for every worker forked from here)
-import shoal.strategies.base  # noqa: E402, F401  (the driver, the step loop, the learner: every
-# strategy's worker runs them; launch/job.py finds the strategy by name, so imports none)
+import shoal.comm.links  # noqa: E402  (every strategy's worker runs its messages,
+import shoal.launch.worker  # noqa: E402  the worker itself,
+import shoal.training.driver  # noqa: E402  the driver,
+import shoal.training.steps  # noqa: E402, F401  the step loop and the learner)
+# (the strategies themselves are found by name: launch/ imports none)
