@@ -105,3 +105,25 @@ def test_a_tensor_parallel_layout_reads_the_same_weights(tmp_path: Path) -> None
     pretrained(tmp_path / "hf", "llama", layers=2)
     done = run_in_group(2, _sharded_reads_its_pieces, tmp_path, str(tmp_path / "hf"), str(tmp_path))
     assert done == [0, 1]
+
+
+def test_a_factory_that_loads_weights_itself_keeps_them(tmp_path: Path) -> None:
+    """`from_pretrained` inside the model function does not run on the meta device: the
+    model is built whole, with the weights it loaded (not initialised over them)."""
+    saved = pretrained(tmp_path / "hf", "llama", layers=2)
+    (tmp_path / "loads.py").write_text(
+        "import torch\nfrom transformers import LlamaForCausalLM\n\n"
+        "def build():\n"
+        f"    return {{'model': lambda: LlamaForCausalLM.from_pretrained({str(tmp_path / 'hf')!r}),\n"
+        "            'train': [torch.zeros(8, dtype=torch.long)] * 4, 'loss': 'causal_lm'}\n"
+    )
+    job = {
+        "task": {"type": "module", "factory": "loads:build", "import_dir": str(tmp_path)},
+        "train": {"max_steps": 1, "batch_size": 2},
+        "run": {"dir": str(tmp_path / "runs")},
+        "monitor": {"progress": "off"},
+    }
+    task = ModuleTask(one_worker_context(job))
+    assert task.build_meta_model() is None
+    state = task.build_model().state_dict()
+    assert all(torch.equal(state[name], value) for name, value in saved.items())

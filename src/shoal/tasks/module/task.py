@@ -50,6 +50,7 @@ class ModuleTask(Task):
             raise ShoalError(f"task.factory: {config.factory}: 'train' has no samples")
         self.collate = self.built.collate or default_collate
         self._weights_told = False
+        self._meta_probe: bool | None = None  # whether the model function runs on meta
         self._owners: tuple[nn.Module | None, dict[int, Any]] = (None, {})  # init_module's
         loss = self.built.loss
         self.loss_fn: Loss = (
@@ -66,11 +67,12 @@ class ModuleTask(Task):
     def build_model(self) -> nn.Module:
         """A fresh model: the factory's callable built on the meta device and initialised
         unit by unit (`training/materialise.py`: the values every sharded layout holds
-        pieces of, for the caller's seed), or a copy of the module the factory returned."""
+        pieces of, for the caller's seed); else (a module the factory returned, or a
+        function that loads weights itself) the model as the factory gives it."""
         meta = self.build_meta_model()
         if meta is None:
-            assert isinstance(self.built.model, nn.Module)  # (a function builds on meta)
-            model = held(copy.deepcopy(self.built.model))
+            given = self.built.model
+            model = held(copy.deepcopy(given) if isinstance(given, nn.Module) else self._made())
             weights = self.weights_for(model)
             if weights is not None:
                 for name, tensor in model.state_dict().items():
@@ -87,19 +89,43 @@ class ModuleTask(Task):
 
     # ------------------------------------------------------------ built on meta (MetaBuild)
     def build_meta_model(self) -> nn.Module | None:
-        """The factory's callable, called with parameters on the meta device (None: the
-        factory returned a module, which exists whole already)."""
-        model = self.built.model
-        if isinstance(model, nn.Module):
+        """The factory's callable, called with parameters on the meta device. None: the
+        factory returned a module (it exists whole already), or its function does not
+        build on the meta device — one that loads weights itself (`from_pretrained`
+        refuses it) would otherwise have its weights dropped; `[task] weights` loads them
+        into any layout instead."""
+        if isinstance(self.built.model, nn.Module) or not self._builds_on_meta():
             return None
         with parameters_on_meta():
-            made = model()
-            if not isinstance(made, nn.Module):
-                raise ShoalError(
-                    f"task.factory: {self.config.factory}: 'model' returned a "
-                    f"{type(made).__name__}; it must return an nn.Module"
-                )
-            return held(made)
+            return held(self._made())
+
+    def _builds_on_meta(self) -> bool:
+        """Whether the factory's function runs under the meta device (a probe: nothing is
+        allocated, no generator drawn)."""
+        if self._meta_probe is None:
+            try:
+                with torch.device("meta"), torch.random.fork_rng(devices=[]):
+                    self.built.model()  # type: ignore[operator]
+                self._meta_probe = True
+            except Exception:
+                self._meta_probe = False
+                if self.ctx.is_main:
+                    self.ctx.log.info(
+                        "task.factory: %s: its model function does not run on the meta "
+                        "device (it loads weights itself?): every process builds it whole; "
+                        "[task] weights loads weights into any layout instead",
+                        self.config.factory,
+                    )
+        return self._meta_probe
+
+    def _made(self) -> nn.Module:
+        made = self.built.model()  # type: ignore[operator]
+        if not isinstance(made, nn.Module):
+            raise ShoalError(
+                f"task.factory: {self.config.factory}: 'model' returned a "
+                f"{type(made).__name__}; it must return an nn.Module"
+            )
+        return made
 
     def init_units(self, model: nn.Module) -> list[str]:
         """The repeated blocks, each a unit of its own."""
