@@ -87,7 +87,7 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         "bad.toml:10: strategy.servers: unknown key; did you mean 'num_servers'? allowed here: "
         "barrier_timeout_s, colocate_by_host, "
         "max_message_rows, max_staleness, min_servers, mode, num_servers, num_workers, optimizer, placement, "
-        "prefetch, sharding, type, worker_memory_budget_mb",
+        "prefetch, shard_dir, sharding, type, worker_memory_budget_mb",
     ),
     (
         "parameter server: unknown mode",

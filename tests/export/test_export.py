@@ -348,7 +348,8 @@ def test_shoals_own_language_model_exports_with_its_tied_head_written_once(
     from shoal.tasks.lm.model import build_lm
     from tests.tasks.lm.helpers import lm_job, write_text
 
-    config = lm_job(runs, write_text(tmp_path), task={"model": {"tie_embeddings": True}})
+    model = {"dim": 32, "heads": 4, "layers": 2, "context": 16, "tie_embeddings": True}
+    config = lm_job(runs, write_text(tmp_path), task={"model": model})
     run = Path(shoal.train(config)["run_dir"])
     code, err, _ = export(str(run), "--out", str(tmp_path / "lm.safetensors"), capsys=capsys)
     assert code == 0, err

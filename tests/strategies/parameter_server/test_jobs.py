@@ -162,7 +162,11 @@ def test_sync_times_out_naming_the_stalled_worker(runs: Path, graph: dict[str, s
     assert time.monotonic() - started < 40
 
 
-@pytest.mark.parametrize(("rank", "who"), [(3, "rank 3"), (1, "rank 1")], ids=["server", "worker"])
+@pytest.mark.parametrize(
+    ("rank", "who"),
+    [(3, r"rank 3 \(server 1\)"), (1, r"rank 1 \(worker 1\)")],
+    ids=["server", "worker"],
+)
 def test_a_killed_process_ends_the_job_naming_it(
     runs: Path, graph: dict[str, str], rank: int, who: str
 ) -> None:

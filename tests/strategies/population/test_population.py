@@ -73,7 +73,7 @@ def lr_search(tmp_path_factory: pytest.TempPathFactory) -> dict[str, dict[str, A
     runs = tmp_path_factory.mktemp("lr")
     pbt = shoal.train(lr_job(runs, "pbt", {"method": "truncation", "fraction": 0.25}))
     # the same members with the same initial lrs, never exploiting: fixed-lr training
-    fixed = shoal.train(lr_job(runs, "fixed", {"method": "binary", "threshold": math.inf}))
+    fixed = shoal.train(lr_job(runs, "fixed", {"method": "binary", "threshold": 1e30}))
     return {"pbt": pbt, "fixed": fixed}
 
 

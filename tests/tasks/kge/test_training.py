@@ -270,7 +270,7 @@ def test_every_training_type_under_data_parallel_reproduces_one_process(
     assert spread["world_size"] == 2 and spread["steps"] == local["steps"] >= 8  # KvsAll: 8
     a, b = final_state(local)["model"], final_state(spread)["model"]
     for name in a:  # the sums run in another order: float32 rounding, relative to the value
-        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-5, msg=name)
+        torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=2e-5, msg=name)
     assert spread["test"]["mrr"] == pytest.approx(local["test"]["mrr"], abs=1e-6)
 
 
