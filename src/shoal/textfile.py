@@ -111,7 +111,7 @@ def text_blocks(
         raw.seek(0)
         source: _HashingReader | gzip.GzipFile = hashing
         if magic == GZIP_MAGIC:
-            source = gzip.GzipFile(fileobj=hashing, mode="rb")  # type: ignore[arg-type]
+            source = gzip.GzipFile(fileobj=hashing, mode="rb")  # type: ignore[call-overload]
         yield from _blocks(path, expected, source, hashing, block_bytes)
 
 

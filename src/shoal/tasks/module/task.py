@@ -105,7 +105,7 @@ class ModuleTask(Task):
         if self._meta_probe is None:
             try:
                 with torch.device("meta"), torch.random.fork_rng(devices=[]):
-                    self.built.model()  # type: ignore[operator]
+                    self.built.model()
                 self._meta_probe = True
             except Exception:
                 self._meta_probe = False
@@ -119,7 +119,7 @@ class ModuleTask(Task):
         return self._meta_probe
 
     def _made(self) -> nn.Module:
-        made = self.built.model()  # type: ignore[operator]
+        made = self.built.model()
         if not isinstance(made, nn.Module):
             raise ShoalError(
                 f"task.factory: {self.config.factory}: 'model' returned a "
