@@ -49,8 +49,9 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
 
 
 def test_a_full_disk_is_named_with_rank_and_step(tmp_path: Path, small_disk: Path) -> None:
-    """The checkpoint at step 5 (2 MiB) does not fit: neither does the error report file. The
-    report reaches the launcher through the store, which needs no disk."""
+    """The checkpoint at step 5 (2 MiB) does not fit. The report reaches the launcher through
+    the store, which needs no disk (the half-written checkpoint is removed first, so the
+    rank's error file may fit again: the line does not depend on it)."""
     write_job(
         tmp_path,
         task={"model": {"hidden": [512, 512]}},
@@ -67,7 +68,6 @@ def test_a_full_disk_is_named_with_rank_and_step(tmp_path: Path, small_disk: Pat
         f"{small_disk}/job/checkpoints is full ("
     ), last
     assert last.endswith(f"(log: {small_disk}/job/logs/rank-0.log)")
-    assert not (small_disk / "job" / "logs" / "rank-0.error.json").exists()
     assert "Traceback" not in done.stderr
 
 
