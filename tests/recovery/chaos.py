@@ -79,9 +79,9 @@ def strike(
     return time.time()
 
 
-def chaos_job(max_restarts: int) -> dict[str, Any]:
-    """The sections of a 2-worker data-parallel job of 310 steps that logs every step (the
-    restart tests' and benchmarks/chaos.py's job)."""
+def chaos_job(max_restarts: int, epochs: int = 5) -> dict[str, Any]:
+    """The sections of a 2-worker data-parallel job of 62 steps per epoch (310 in 5 epochs)
+    that logs every step (the restart tests' and benchmarks/chaos.py's job)."""
     return {
         "task": {
             "type": "classification",
@@ -90,7 +90,7 @@ def chaos_job(max_restarts: int) -> dict[str, Any]:
             "model": {"hidden": [16, 16]},
         },
         "strategy": {"type": "data_parallel", "num_replicas": 2},
-        "train": {"epochs": 5, "batch_size": 32, "seed": 3,
+        "train": {"epochs": epochs, "batch_size": 32, "seed": 3,
                   "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.9}},
         "checkpoint": {"every_steps": 7, "every_epochs": 0},  # as write_job (small_job) has it
         "monitor": {"progress": "off", "log_every_steps": 1},

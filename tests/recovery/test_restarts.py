@@ -19,14 +19,12 @@ from tests.hostile.jobs import finish, no_worker_left, start, wait_for, write_jo
 from tests.recovery.chaos import assert_identical, chaos_job, current_step, events, strike
 
 
-@pytest.mark.xfail(
-    reason="after this wave's merge the job can finish (250 steps in 1.6 s) before the "
-    "second strike sees the rank reach its step: a race in the test, not diagnosed (open)",
-    strict=False,
-)
 def test_a_data_parallel_job_killed_twice_ends_bit_identical(tmp_path: Path) -> None:
-    reference = shoal.train(chaos_job(0) | {"run": {"dir": str(tmp_path / "ref")}})
-    config = write_job(tmp_path, **chaos_job(3))
+    # 15 epochs (930 steps): after the first restart the job must outlive the checks below
+    # (a `shoal status` process among them) before the second strike; at 5 epochs it could
+    # end in 1.6 s, before the strike's step was seen
+    reference = shoal.train(chaos_job(0, epochs=15) | {"run": {"dir": str(tmp_path / "ref")}})
+    config = write_job(tmp_path, **chaos_job(3, epochs=15))
     run_dir = tmp_path / "runs" / "job"
     rng = random.Random(13)
     launcher = start("train", str(config), cwd=tmp_path)

@@ -81,12 +81,6 @@ def _member_records(run_dir: str) -> list[dict[str, Any]]:
     return [r for r in read_metrics(Path(run_dir) / "metrics.jsonl") if r["event"] == "member"]
 
 
-@pytest.mark.xfail(
-    reason="since members start on a Latin hypercube (spread over the whole range), the "
-    "median distance to the optimum after 9 generations is no longer half the first's: "
-    "the test's setting needs re-deriving (open)",
-    strict=False,
-)
 def test_population_moves_lr_toward_the_optimum_and_beats_fixed_lr(
     lr_search: dict[str, dict[str, Any]],
 ) -> None:
@@ -99,7 +93,19 @@ def test_population_moves_lr_toward_the_optimum_and_beats_fixed_lr(
         return float(np.median([abs(math.log10(lr / OPTIMUM_LR)) for lr in lrs]))
 
     assert distance(9) < distance(0) / 2
-    assert fixed["replaced"] == fixed["failures"], "only a diverged fixed-lr member is replaced"
+    # the fixed-lr population exploits only past a loss gap of 1e30: a member whose loss
+    # diverged (lr 22.8 of the Latin hypercube start reaches 9e33, finite) is replaced, no other
+    diverged = {
+        (r["generation"], r["member"])
+        for r in _member_records(fixed["run_dir"])
+        if r["score"] is None or not r["score"] < 1e30
+    }
+    exploits = [
+        (r["generation"], r["member"])
+        for r in read_metrics(Path(fixed["run_dir"]) / "metrics.jsonl")
+        if r["event"] == "exploit"
+    ]
+    assert fixed["replaced"] == len(exploits) and set(exploits) <= diverged
     fixed_scores = [p["score"] if p["score"] is not None else math.inf for p in fixed["population"]]
     assert pbt["mode"] == "min" and pbt["metric"] == "loss"
     assert pbt["best"]["score"] < float(np.median(fixed_scores))
