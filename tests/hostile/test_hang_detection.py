@@ -67,6 +67,7 @@ def test_a_frozen_worker_is_found_within_the_default_heartbeat_timeout(tmp_path:
     no_worker_left(run_dir)
 
 
+@pytest.mark.slow  # 9 s: its steps must outlast the heartbeat timeout
 def test_steps_longer_than_the_heartbeat_timeout_are_no_false_alarm(tmp_path: Path) -> None:
     """A worker busy for 2.5 s per step (compute, evaluation, a checkpoint write: here a
     sleep) with a 1.5 s heartbeat timeout: its heartbeat thread keeps the launcher informed."""

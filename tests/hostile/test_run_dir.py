@@ -28,7 +28,11 @@ def test_run_dir_at_a_file_is_one_line(tmp_path: Path, where: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "strategy", [{"type": "local"}, {"type": "data_parallel", "num_replicas": 2}]
+    "strategy",
+    [
+        {"type": "local"},
+        pytest.param({"type": "data_parallel", "num_replicas": 2}, marks=pytest.mark.slow),
+    ],
 )
 def test_a_run_that_failed_before_training_gives_its_name_back(
     tmp_path: Path, strategy: dict[str, object]

@@ -90,7 +90,11 @@ def test_a_signal_stops_every_rank_at_one_step_with_a_checkpoint(
     no_worker_left(run_dir)
 
 
-@pytest.mark.parametrize("exec_workers", [False, True], ids=["forked", "exec"])
+@pytest.mark.parametrize(
+    "exec_workers",
+    [pytest.param(False, marks=pytest.mark.slow), True],  # forked: as exec, 4 s
+    ids=["forked", "exec"],
+)
 def test_workers_run_in_process_groups_of_their_own_within_the_launchers_session(
     tmp_path: Path, exec_workers: bool
 ) -> None:

@@ -144,6 +144,7 @@ def test_garbage_in_the_store_is_reported_once_and_ignored(tmp_path: Path) -> No
     assert json.loads((run_dir / "results.json").read_text())["status"] == "completed"
 
 
+@pytest.mark.slow  # 8 s; garbage and forged reports in the store stay in make test
 def test_forged_heartbeats_do_not_hide_a_hung_worker(tmp_path: Path) -> None:
     """Rank 1 hangs at step 5; a local process keeps writing fresh-looking heartbeats for it
     (in the format the launcher once believed). The launcher still names rank 1 as lost,
@@ -265,6 +266,7 @@ def test_a_stray_client_that_overwrites_the_group_keys_ends_the_job_in_one_line(
     no_worker_left(tmp_path / "runs" / "job")
 
 
+@pytest.mark.slow  # 7 s
 def test_a_stray_client_cannot_park_unbounded_data_in_the_launcher_s_store(
     tmp_path: Path,
 ) -> None:

@@ -12,6 +12,8 @@ from tests.plugins.helpers import LOCAL_SGD, pythonpath, register
 GOOD = '[task]\ntype = "classification"\n\n[train]\nepochs = 1\nbatch_size = 32\n\n'
 CUSTOM = '[strategy]\ntype = "custom"\nclass = "shoal_local_sgd.strategy:LocalSGDStrategy"\n'
 
+# as their entry point twins, through a process each (2 s): they run with the slow checks
+SLOW_CASES = {"dotted path: bad value", "dotted path: unknown key"}
 CASES: list[tuple[str, str, list[str], str]] = [
     (
         "entry point: bad value",
@@ -89,7 +91,11 @@ def env(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
 
 
 @pytest.mark.parametrize(
-    ("content", "args", "expected"), [c[1:] for c in CASES], ids=[c[0] for c in CASES]
+    ("content", "args", "expected"),
+    [
+        pytest.param(*c[1:], id=c[0], marks=[pytest.mark.slow] if c[0] in SLOW_CASES else [])
+        for c in CASES
+    ],
 )
 def test_bad_plugin_config_gives_one_line(
     tmp_path: Path, env: dict[str, str], content: str, args: list[str], expected: str

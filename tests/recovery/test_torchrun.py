@@ -26,6 +26,7 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.mark.slow  # 16 s; the shoal launcher's restarts stay in make test (test_restarts.py)
 def test_a_job_torchrun_restarts_resumes_its_own_run_exactly(runs: Path, tmp_path: Path) -> None:
     sections = {
         "strategy": {"type": "data_parallel", "num_replicas": 2},
@@ -51,6 +52,7 @@ def test_a_job_torchrun_restarts_resumes_its_own_run_exactly(runs: Path, tmp_pat
     assert [row.split()[:3] for row in rows] == [["0", "worker", "done"], ["1", "worker", "done"]]
 
 
+@pytest.mark.slow  # 8 s; a SIGSTOPped worker under shoal's launcher: test_hang_detection.py
 def test_a_stopped_rank_under_torchrun_is_named_within_the_heartbeat_timeout(
     runs: Path, tmp_path: Path
 ) -> None:

@@ -44,8 +44,11 @@ def _job(tmp_path: Path, strategy: dict[str, Any], **train: Any) -> Path:
     "strategy",
     [
         {"type": "pipeline", "stages": 2, "microbatches": 2},
-        {"type": "fully_sharded", "degree": 2},
-        {"type": "hybrid", "mesh": {"data": 2, "pipeline": 2}, "microbatches": 2},
+        pytest.param({"type": "fully_sharded", "degree": 2}, marks=pytest.mark.slow),
+        pytest.param(
+            {"type": "hybrid", "mesh": {"data": 2, "pipeline": 2}, "microbatches": 2},
+            marks=pytest.mark.slow,
+        ),
     ],
     ids=["pipeline", "fully_sharded", "hybrid"],
 )

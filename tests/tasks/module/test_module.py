@@ -83,8 +83,16 @@ CASES = [
 
 @pytest.mark.parametrize(
     ("factory", "strategy"),
-    CASES,
-    ids=[f"{f.split(':')[1]}-{s['type']}" for f, s in CASES],
+    [
+        # hybrid: 4 ranks, 7 s, with the slow checks (hybrid meshes: tests/strategies/spmd)
+        pytest.param(
+            f,
+            s,
+            id=f"{f.split(':')[1]}-{s['type']}",
+            marks=[pytest.mark.slow] * (s["type"] == "hybrid"),
+        )
+        for f, s in CASES
+    ],
 )
 def test_a_user_model_trains_under_a_strategy_as_it_does_locally(
     runs: Path, local: Any, factory: str, strategy: dict[str, Any]
