@@ -13,7 +13,7 @@ from shoal.config import load_config
 from shoal.errors import ConfigError
 from tests.conftest import REPO
 
-#: the pages of the site: docs/ and the README (published as the site's manual)
+#: the pages of the site (docs/) and the README
 PAGES = [*sorted((REPO / "docs").rglob("*.md")), REPO / "README.md"]
 _BLOCK = re.compile(r"^```toml\n(.*?)^```", re.DOTALL | re.MULTILINE)
 _SNIPPET = re.compile(r'^--8<-- "([^"]+)"$')

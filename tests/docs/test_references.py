@@ -123,10 +123,3 @@ def test_extend_page_documents_every_published_name() -> None:
     for target in extend._NAMES.values():
         module, _, attribute = target.partition(":")
         assert f"::: {module}.{attribute}\n" in page
-
-
-def test_manual_page_points_docs_links_into_the_site() -> None:
-    readme = "see [the guide](docs/your-model.md) and [`examples/`](examples/) or [x](#a)"
-    assert site_pages.manual_page(readme) == (
-        "see [the guide](your-model.md) and `examples/` or [x](#a)"
-    )

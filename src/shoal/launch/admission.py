@@ -23,8 +23,8 @@ Rank 0 keeps answering claims while the job runs (launch/hostwatch.py), so a
 late stray is refused and named too. Without a secret (neither SHOAL_JOB_SECRET
 nor `[run] secret_file`) every well-formed claim is admitted: the job is as open
 as torch's own store. The secret proves membership; it encrypts nothing: the
-store's values and gloo's tensors cross the network in clear (README: put the
-hosts on a private network or a VPN).
+store's values and gloo's tensors cross the network in clear (put the hosts on a
+private network or a VPN: docs/operations/several-machines.md).
 
 A claim names its host and address as the claimant says them: rank 0 cannot
 check them, so a refusal names the process as it presented itself.
