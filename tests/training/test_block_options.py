@@ -77,3 +77,12 @@ def test_where_they_cannot_apply_is_one_line(
         "activation_checkpointing = true\n"
     )
     validates_to_one_line(tmp_path, monkeypatch, capsys, text, expected)
+
+
+@pytest.mark.slow  # compiling takes ~20 s on 2 cores
+def test_checkpointed_and_compiled_blocks_train_as_without(runs: Path) -> None:
+    """Both at once: the compiled block's backward recomputes its activations (torch's
+    composable checkpoint hooks around a compiled block failed there on a stride check)."""
+    plain = run(runs, "plain", {"type": "local"})
+    both = run(runs, "both", {"type": "local"}, activation_checkpointing=True, compile=True)
+    assert both == pytest.approx(plain, rel=1e-5)
