@@ -129,10 +129,19 @@ def rank_logs(job: Path) -> str:
 
 
 def llama_job(
-    folder: Path, name: str, strategy: dict[str, Any], layers: int, width: int, steps: int
+    folder: Path,
+    name: str,
+    strategy: dict[str, Any],
+    layers: int,
+    width: int,
+    steps: int,
+    context: int = 32,
+    train: dict[str, Any] | None = None,
+    monitor: dict[str, Any] | None = None,
 ) -> Path:
     """A job file training the tests' Hugging Face Llama (`tasks/module/hf_models.py`,
-    heads of 64, MLP 4x) with AdamW for `steps` steps."""
+    heads of 64, MLP 4x, windows of `context` bytes) with AdamW for `steps` steps; `train`
+    and `monitor` add to those sections."""
     job = {
         "task": {
             "type": "module",
@@ -144,6 +153,7 @@ def llama_job(
                 "heads": width // 64,
                 "kv_heads": width // 64,
                 "inner": 4,
+                "context": context,
             },
         },
         "strategy": strategy,
@@ -153,10 +163,11 @@ def llama_job(
             "seed": 3,
             "drop_last": True,
             "optimizer": {"kind": "adamw", "lr": 1e-4},
+            **(train or {}),
         },
         "checkpoint": {"every_epochs": 0},
         "run": {"dir": str(folder / "runs"), "name": name},
-        "monitor": {"progress": "off"},
+        "monitor": {"progress": "off", **(monitor or {})},
     }
     path = folder / f"{name}.toml"
     path.write_text(tomli_w.dumps(job))

@@ -46,7 +46,9 @@ def llama(
     kv_heads: int = 2,
     tied: bool = False,
     inner: int = 2,
+    context: int = 32,
 ) -> dict[str, Any]:
+    """A causal LM over bytes: windows of `context` tokens, 500 for training."""
     from transformers import LlamaConfig, LlamaForCausalLM
 
     config = LlamaConfig(
@@ -56,14 +58,15 @@ def llama(
         num_hidden_layers=layers,
         num_attention_heads=heads,
         num_key_value_heads=kv_heads,
-        max_position_embeddings=64,
+        max_position_embeddings=max(64, context),
         tie_word_embeddings=tied,
     )
-    tokens = shakespeare_bytes(20_000)
+    train_tokens = 500 * context
+    tokens = shakespeare_bytes(train_tokens * 5 // 4)
     return {
         "model": lambda: LlamaForCausalLM(config),
-        "train": Windows(tokens[:16_000], 32),
-        "valid": Windows(tokens[16_000:], 32),
+        "train": Windows(tokens[:train_tokens], context),
+        "valid": Windows(tokens[train_tokens:], context),
         "loss": "causal_lm",
     }
 
