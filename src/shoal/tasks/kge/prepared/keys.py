@@ -46,7 +46,8 @@ def hash_fields(words: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> n
     with np.errstate(over="ignore"):
         hashes = lengths.astype(np.uint64) * _K0
         word_counts = (lengths + 7) // 8
-        for j in range(int(word_counts.max(initial=0))):
+        hashes = (hashes ^ _word(words, starts, lengths, 0)) * _K1  # every field: a word
+        for j in range(1, int(word_counts.max(initial=0))):
             at = np.flatnonzero(word_counts > j)
             word = _word(words, starts[at], lengths[at], j)
             hashes[at] = (hashes[at] ^ word) * _K1
@@ -64,9 +65,9 @@ def _equal(
     lengths: np.ndarray,
 ) -> np.ndarray:
     """Whether fields of equal `lengths` hold the same bytes, pair by pair."""
-    same = np.ones(len(lengths), dtype=bool)
+    same = _word(words_a, starts_a, lengths, 0) == _word(words_b, starts_b, lengths, 0)
     word_counts = (lengths + 7) // 8
-    for j in range(int(word_counts.max(initial=0))):
+    for j in range(1, int(word_counts.max(initial=0))):
         at = np.flatnonzero(word_counts > j)
         a = _word(words_a, starts_a[at], lengths[at], j)
         b = _word(words_b, starts_b[at], lengths[at], j)
@@ -169,6 +170,12 @@ class KeyTable:
             slots[advance] = (slots[advance] + 1) & mask
             pending, slots = pending[~resolved], slots[~resolved]
         return found, before
+
+    def ascii_ends(self, first: int) -> np.ndarray:
+        """Whether each key from `first` on begins and ends with an ASCII byte."""
+        starts = self._starts.view()[first:]
+        ends = starts + self._lengths.view()[first:] - 1
+        return (self._bytes.array[starts] < 0x80) & (self._bytes.array[ends] < 0x80)
 
     def text(self, first: int) -> list[str]:
         """The keys from `first` on, decoded (their bytes must be UTF-8)."""

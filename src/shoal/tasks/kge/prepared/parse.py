@@ -158,7 +158,7 @@ class LabelIndex:
 
     def __init__(self) -> None:
         self.labels: list[str] = []
-        self._canonical: dict[str, int] = {}
+        self._canonical: dict[str, int] | None = None  # label -> id, once needed (`_number`)
         self._keys = KeyTable()
         self._key_ids = np.zeros(0, dtype=np.int64)  # key -> label id (-1: unknown)
         self.frozen = False
@@ -181,15 +181,32 @@ class LabelIndex:
         if not lengths.all():
             return None
         keys, first_new = self._keys.find_or_add(buffer, starts, lengths)
-        new = self._keys.text(first_new)
-        if new:
-            label_ids = np.fromiter(map(self._label_id, new), dtype=np.int64, count=len(new))
-            if (label_ids == _EMPTY_LABEL).any():
+        if first_new < len(self._keys):
+            label_ids = self._number(self._keys.text(first_new), self._keys.ascii_ends(first_new))
+            if label_ids is None:
                 return None
             self._key_ids = np.concatenate([self._key_ids, label_ids])
         return self._key_ids[keys].reshape(len(rows), len(columns))
 
+    def _number(self, texts: list[str], plain: np.ndarray) -> np.ndarray | None:
+        """Label ids of new keys (None: one is empty once stripped). A key with ASCII ends
+        is its own label (already stripped); while every key has been so, two keys never
+        name one label, so new keys are new labels, numbered without a dictionary. The
+        first key with a non-ASCII end (non-ASCII whitespace may strip off) brings in the
+        dictionary of every label, kept from then on."""
+        if self._canonical is None and plain.all():
+            if self.frozen:
+                return np.full(len(texts), -1, dtype=np.int64)
+            first = len(self.labels)
+            self.labels.extend(texts)
+            return np.arange(first, len(self.labels), dtype=np.int64)
+        if self._canonical is None:
+            self._canonical = dict(zip(self.labels, range(len(self.labels)), strict=True))
+        ids = np.fromiter(map(self._label_id, texts), dtype=np.int64, count=len(texts))
+        return None if (ids == _EMPTY_LABEL).any() else ids
+
     def _label_id(self, text: str) -> int:
+        assert self._canonical is not None
         label = text.strip()
         if not label:
             return _EMPTY_LABEL
