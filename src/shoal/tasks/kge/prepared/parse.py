@@ -61,6 +61,11 @@ class Rows:
         return self.data[int(self.starts[row, column]) : int(self.ends[row, column])]
 
     @cached_property
+    def padded(self) -> np.ndarray:
+        """`data` with padding for `keys.word_view`."""
+        return padded(self.data)
+
+    @cached_property
     def columns(self) -> list[list[bytes]]:
         """Every field as bytes, column by column (for small inputs and error paths)."""
         fields = self.data.replace(b"\n", b"\t").split(b"\t")
@@ -173,7 +178,7 @@ class LabelIndex:
     def ids(self, rows: Rows, columns: list[int]) -> np.ndarray | None:
         """(rows, len(columns)) ids of the fields in `columns`; None when one is empty once
         stripped (the caller re-reads the block line by line to name the line)."""
-        buffer = padded(rows.data)
+        buffer = rows.padded
         starts, ends = strip_fields(
             buffer, rows.starts[:, columns].ravel(), rows.ends[:, columns].ravel()
         )

@@ -106,7 +106,7 @@ def _renumber(ids: np.ndarray, entities: np.ndarray, relations: np.ndarray) -> n
 
 def _in_order(labels: list[str], order: list[int]) -> Iterator[list[str]]:
     for start in range(0, len(order), NAME_BLOCK):
-        yield [labels[i] for i in order[start : start + NAME_BLOCK]]
+        yield list(map(labels.__getitem__, order[start : start + NAME_BLOCK]))
 
 
 def prepare_tsv(
