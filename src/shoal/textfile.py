@@ -161,3 +161,17 @@ def _checked(path: Path, expected: str, data: bytes, first_line: int, consumed: 
             hint = "" if mark == b"\x00" else " inside the file (files joined together?)"
             raise DataError(f"{path}:{line}: {what}{hint}; {expected}")
     return TextBlock(data, first_line, consumed)
+
+
+def text_size(path: Path) -> int:
+    """The size of a text file, uncompressed: a gzip file's last 4 bytes hold it (modulo
+    4 GiB; the compressed size times 4 if that reads smaller)."""
+    try:
+        size = path.stat().st_size
+        with path.open("rb") as file:
+            if file.read(2) != b"\x1f\x8b" or size < 18:
+                return size
+            file.seek(-4, 2)
+            return max(int.from_bytes(file.read(4), "little"), 4 * size)
+    except OSError:
+        return 0

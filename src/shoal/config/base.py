@@ -290,6 +290,13 @@ class TaskSection(ConfigModel):
         parameters of the model) per item. Empty: not estimated."""
         return []
 
+    def table_shapes(self) -> dict[str, tuple[int, int]]:
+        """(rows, width) of each embedding table of its model, from the settings and the
+        data's manifest: what a parameter server spreads over its servers and every other
+        strategy holds whole in each process (`launch/memory.py` places them). Empty: no
+        such tables, or not known before the job starts."""
+        return {}
+
     def meta_model(self) -> Any:
         """Its model built on the meta device, to check names against (None: not before it
         trains)."""

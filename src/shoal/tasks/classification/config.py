@@ -142,15 +142,24 @@ class ClassificationTaskConfig(TaskSection):
 
     def memory_needs(self) -> list[tuple[str, int, int]]:
         """Synthetic data is generated in float64 with a few copies at once (mixing,
-        permuting, standardizing: some 24 bytes a value at the peak); the MLP's parameters
-        are known from the features, the hidden widths and the classes."""
+        permuting, standardizing: some 24 bytes a value at the peak); data from files is
+        estimated from their size (`files_memory`). The MLP's parameters are known from
+        the features, the hidden widths and the classes (at least 2 when not given)."""
         data = self.data
-        if not isinstance(data, SyntheticDataConfig):
+        if isinstance(data, FileDataConfig):
+            from shoal.tasks.classification.files import files_memory
+
+            what, held, features = files_memory(data)
+            classes = data.classes or 2
+        elif isinstance(data, SyntheticDataConfig):
+            what = f"task.data: {data.samples:,} samples x {data.features} features"
+            held = 24 * data.samples * data.features + 16 * data.samples
+            features, classes = data.features, data.classes
+        else:
             return []
-        widths = [data.features, *self.model.hidden, data.classes]
+        widths = [features, *self.model.hidden, classes]
         parameters = sum((a + 1) * b for a, b in itertools.pairwise(widths))
-        what = f"task.data: {data.samples:,} samples x {data.features} features"
-        return [(what, 24 * data.samples * data.features + 16 * data.samples, parameters)]
+        return [(what, held, parameters)]
 
     def check(self, config: Any) -> None:
         """A `source = "python"` factory imports and is a function (`shoal config validate`

@@ -423,6 +423,23 @@ class KGETaskConfig(TaskSection):
                 )
         return super().lacks(capability)
 
+    def table_shapes(self) -> dict[str, tuple[int, int]]:
+        """The entity and relation tables of the model (built on the meta device: any model,
+        reciprocal relations included) for the graph's counts, when its manifest says them."""
+        from shoal.tasks.kge.triples import graph_size
+
+        size = graph_size(self.data)
+        if size is None:
+            return {}
+        import torch
+
+        from shoal.tasks.kge.models import build_kge_model
+
+        with torch.device("meta"):
+            model = build_kge_model(self.model, size[0], size[1], self.dim, gamma=1.0)
+        tables = {"entity": model.entity.weight, "relation": model.relation.weight}
+        return {name: (int(t.shape[0]), int(t.shape[1])) for name, t in tables.items()}
+
     def check(self, config: Any) -> None:
         """Rules between the task and the rest of the job: a chunk of positives fits in a
         batch; sparse row gradients need a row-wise optimizer and one process."""

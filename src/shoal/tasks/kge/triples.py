@@ -27,9 +27,10 @@ import torch
 
 from shoal.errors import DataError, ShoalError
 from shoal.tasks.kge.config import BuiltinDataConfig, FilesDataConfig, PreparedDataConfig
-from shoal.tasks.kge.prepared.cache import prepared_for
+from shoal.tasks.kge.prepared.cache import cache_folder, prepared_for
 from shoal.tasks.kge.prepared.filter_index import GraphFilter
 from shoal.tasks.kge.prepared.graph import PreparedGraph
+from shoal.tasks.kge.prepared.manifest import read_manifest
 from shoal.tasks.kge.prepared.parse import TRIPLE_LINES, TRIPLES, raise_first_problem, split_block
 from shoal.tasks.kge.prepared.progress import PrepareProgress
 from shoal.tasks.kge.sampling import TrainStats
@@ -160,6 +161,24 @@ def prepared_folder(
         if config.test:
             files["test"] = Path(config.test)
     return prepared_for(files, progress or PrepareProgress(), stall_s, beside)
+
+
+def graph_size(config: KGDataConfig) -> tuple[int, int] | None:
+    """(entities, relations) of the graph `config` names, read from its manifest without
+    preparing anything (the launcher's memory estimate): None for TSV files not prepared
+    yet and for the built-in datasets (a few thousand entities)."""
+    if isinstance(config, PreparedDataConfig):
+        folder = Path(config.prepared).parent
+    elif isinstance(config, FilesDataConfig):
+        splits = {"train": config.train, "valid": config.valid, "test": config.test}
+        folder = cache_folder({name: Path(path) for name, path in splits.items() if path})
+    else:
+        return None
+    try:
+        manifest = read_manifest(folder)
+    except DataError:
+        return None
+    return int(manifest["entities"]), int(manifest["relations"])
 
 
 def load_kg(

@@ -16,6 +16,7 @@ from shoal.config.base import (
     TaskSection,
 )
 from shoal.protocols.capabilities import PIPELINE_STAGES, SHARD_UNITS, TENSOR_PLAN, Capability
+from shoal.textfile import text_size
 
 DEFAULT_SPLIT = 0.9
 
@@ -169,7 +170,7 @@ class LMTaskConfig(TaskSection):
         and the token ids (4 bytes each), about 7 bytes a byte of text for mostly-ASCII text
         (a gzip file's size is its trailer's); the transformer's parameters from its sizes
         and a vocabulary of at most 256 for bytes (char vocabularies are rarely larger)."""
-        text = sum(_text_bytes(Path(f)) for f in (self.data.train, self.data.valid) if f)
+        text = sum(text_size(Path(f)) for f in (self.data.train, self.data.valid) if f)
         m = self.model
         vocab = 256
         per_block = 4 * m.dim * m.dim + 2 * m.dim * m.hidden + 9 * m.dim + m.hidden
@@ -204,17 +205,3 @@ class LMTaskConfig(TaskSection):
                 "strategy pipeline puts the embedding on the first stage and the head on the "
                 "last, which tying would share; set tie_embeddings = false",
             )
-
-
-def _text_bytes(path: Path) -> int:
-    """The size of a text file, uncompressed: a gzip file's last 4 bytes hold it (modulo
-    4 GiB; the compressed size times 4 if that reads smaller)."""
-    try:
-        size = path.stat().st_size
-        with path.open("rb") as file:
-            if file.read(2) != b"\x1f\x8b" or size < 18:
-                return size
-            file.seek(-4, 2)
-            return max(int.from_bytes(file.read(4), "little"), 4 * size)
-    except OSError:
-        return 0

@@ -33,13 +33,24 @@ def write_names(folder: Path, table: str, blocks: Iterable[Sequence[str]]) -> in
     ):
         offsets.append(np.zeros(1, dtype=np.int64))
         for block in blocks:
-            encoded = [name.encode() for name in block]
-            lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+            encoded, lengths = _encoded(block)
             offsets.append(position + np.cumsum(lengths))
-            data.write(b"".join(encoded))
-            position += int(lengths.sum())
-            count += len(encoded)
+            data.write(encoded)
+            position += len(encoded)
+            count += len(lengths)
     return count
+
+
+def _encoded(names: Sequence[str]) -> tuple[bytes, np.ndarray]:
+    """The names' UTF-8 bytes one after another, and each one's length: encoded at once,
+    joined by newlines that NumPy then finds (a name with a newline of its own, which no
+    text line holds, is encoded alone)."""
+    joined = ("\n".join(names) + "\n").encode() if names else b""
+    ends = np.flatnonzero(np.frombuffer(joined, dtype=np.uint8) == 10)
+    if len(ends) != len(names):
+        encoded = [name.encode() for name in names]
+        return b"".join(encoded), np.fromiter(map(len, encoded), np.int64, len(encoded))
+    return joined.replace(b"\n", b""), np.diff(ends, prepend=-1) - 1
 
 
 class Names(Sequence[str]):

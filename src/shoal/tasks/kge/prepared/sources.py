@@ -85,11 +85,11 @@ def _label_ids(
     rows: Rows, block: TextBlock, path: Path, entities: LabelIndex, relations: LabelIndex
 ) -> np.ndarray:
     """(rows, 3) ids of a block's labels (-1: unknown to a frozen index)."""
-    columns = (entities, relations, entities)
-    ids = [index.ids(fields) for index, fields in zip(columns, rows.columns, strict=True)]
-    if any(column is None for column in ids):
+    ends = entities.ids(rows, [0, 2])
+    middle = relations.ids(rows, [1])
+    if ends is None or middle is None:
         raise_first_problem(block, path, TRIPLES)  # a field empty once stripped
-    return np.stack(ids, axis=1)  # type: ignore[arg-type]
+    return np.stack([ends[:, 0], middle[:, 0], ends[:, 1]], axis=1)
 
 
 def _sorted_order(labels: list[str]) -> tuple[list[int], np.ndarray]:
@@ -106,7 +106,7 @@ def _renumber(ids: np.ndarray, entities: np.ndarray, relations: np.ndarray) -> n
 
 def _in_order(labels: list[str], order: list[int]) -> Iterator[list[str]]:
     for start in range(0, len(order), NAME_BLOCK):
-        yield [labels[i] for i in order[start : start + NAME_BLOCK]]
+        yield list(map(labels.__getitem__, order[start : start + NAME_BLOCK]))
 
 
 def prepare_tsv(
@@ -189,7 +189,7 @@ class _TsvPreparation:
 def _unseen_message(path: Path, rows: Rows, ids: np.ndarray, row: int) -> str:
     """`file:line: entity 'x' never occurs in the training triples`."""
     what = [
-        f"{kind} {rows.columns[column][row].decode().strip()!r}"
+        f"{kind} {rows.field(row, column).decode().strip()!r}"
         for column, kind in enumerate(("entity", "relation", "entity"))
         if ids[row, column] < 0
     ]
