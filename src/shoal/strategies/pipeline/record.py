@@ -33,15 +33,25 @@ _HEADER = 8  # dtype index, number of dimensions, up to 6 sizes
 
 
 class StagedModel(nn.Module):
-    """The full model's forward, each rank running its stages in turn (collective)."""
+    """The full model's forward, each rank running its stages in turn (collective).
+
+    It holds the model's own children (`whole`: values where this rank holds them, the
+    meta device elsewhere), so its names, shapes and train / eval mode are the model's
+    (a resume checks a checkpoint against them); the stages that run are `stages`."""
 
     def __init__(
-        self, ctx: WorkerContext, stages: dict[int, nn.Module], total: int, ranks: int
-    ) -> None:
+        self, ctx: WorkerContext, whole: nn.Module, stages: dict[int, nn.Module], total: int,
+        ranks: int,
+    ) -> None:  # fmt: skip
         super().__init__()
+        for name, child in whole.named_children():
+            self.add_module(name, child)
+        for name, param in whole.named_parameters(recurse=False):
+            self.register_parameter(name, param)
+        for name, buf in whole.named_buffers(recurse=False):
+            self.register_buffer(name, buf, name not in whole._non_persistent_buffers_set)
         self.ctx, self.total, self.ranks = ctx, total, ranks
         self.held = stages  # stage index -> its module (full precision, unwrapped)
-        self.stages = nn.ModuleList(stages[i] for i in sorted(stages))  # for train()/eval()
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         h = kwargs["input_ids"] if "input_ids" in kwargs else args[0]

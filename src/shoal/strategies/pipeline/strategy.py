@@ -212,9 +212,10 @@ class PipelineStrategy(Strategy[PipelineFields]):
     def _staged_forward(self) -> StagedModel:
         """The forward through every rank's stages, this rank's cut afresh (full precision:
         the training stages' forwards run under the learner's autocast)."""
-        cut = self.cut(self.learner.full)
+        whole = self.learner.full
+        cut = self.cut(whole)
         mine = {i: cut(*self.partition[i]) for i in self.place.indices}
-        return StagedModel(self.ctx, mine, self.place.total, self.config.pipeline_ranks)
+        return StagedModel(self.ctx, whole, mine, self.place.total, self.config.pipeline_ranks)
 
     def make_learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         config = self.config
