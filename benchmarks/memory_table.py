@@ -43,11 +43,18 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--width", type=int, default=768)
+    parser.add_argument(
+        "--only",
+        nargs="*",
+        default=None,
+        help="labels of the layouts to measure besides local (e.g. 'pipeline 2')",
+    )
     args = parser.parse_args()
     rows = []
+    layouts = [row for row in LAYOUTS if args.only is None or row[0] in ("local", *args.only)]
     with tempfile.TemporaryDirectory() as tmp:
         folder = Path(tmp)
-        for label, strategy, ranks in LAYOUTS:
+        for label, strategy, ranks in layouts:
             name = label.replace(" ", "-")
             path = llama_job(folder, name, strategy, args.layers, args.width, steps=3)
             exits = run_ranks(path, ranks)

@@ -156,12 +156,25 @@ def materialise(
             continue
         loaded.add(ident)
         if shadow is not None:
-            weights.read_into(name, targets[name])
+            if name in targets:  # (a pipeline stage holds only some)
+                weights.read_into(name, targets[name])
         else:
             meta = source.get_parameter(name)
             value = weights.full(name).to(dtype=meta.dtype, device=device)
             made[ident] = (meta, nn.Parameter(value, requires_grad=meta.requires_grad))
+    # laid out: only the units of which `model` holds a parameter (a pipeline stage's)
+    needed = (
+        {
+            home[id(p)]
+            for name, p in source.named_parameters(remove_duplicate=False)
+            if name in targets
+        }
+        if shadow is not None
+        else None
+    )
     for path in [*paths, ""]:
+        if needed is not None and path not in needed:
+            continue
         modules = [
             m for m in _post_order(source.get_submodule(path) if path else source)
             if unit_of[id(m)] == path
@@ -198,6 +211,26 @@ def materialise(
         if weights is not None and weights.has(name):
             weights.read_into(name, buf)
         if shadow is None:
+            _set_buffer(model, name, buf.to(device))
+
+
+def hold_only(model: nn.Module, keep: Collection[int]) -> None:
+    """Every parameter of `model` whose id is not in `keep` back on the meta device (its
+    storage freed; its name, shape and ties kept): a rank drops what it does not hold."""
+    moved: dict[int, nn.Parameter] = {}
+    for module in model.modules():
+        for name, param in module._parameters.items():
+            if param is None or id(param) in keep or param.is_meta:
+                continue
+            if id(param) not in moved:
+                moved[id(param)] = _to_meta(param)
+            module._parameters[name] = moved[id(param)]
+
+
+def buffers_to(model: nn.Module, device: torch.device) -> None:
+    """Every buffer of `model` on `device` (its parameters untouched, some on meta)."""
+    for name, buf in list(model.named_buffers(remove_duplicate=False)):
+        if buf.device != device:
             _set_buffer(model, name, buf.to(device))
 
 

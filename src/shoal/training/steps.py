@@ -324,6 +324,6 @@ class StepLoop(UnitLoop):
 
 
 def _local_bytes(param: torch.Tensor) -> int:
-    """Bytes of `param` this rank holds (a DTensor: its local shard)."""
+    """Bytes of `param` this rank holds (a DTensor: its local shard; on meta: none)."""
     local = param.to_local() if hasattr(param, "to_local") else param
-    return local.numel() * local.element_size()
+    return 0 if local.is_meta else local.numel() * local.element_size()

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 import shoal
+from shoal.checkpoint.sharded import SHARDED_DIR, is_marker, read_full
 from shoal.errors import JobFailed, TrainingHalted
-from tests.conftest import final_state
 from tests.tasks.lm.helpers import assert_same_norms, lm_job, write_text
 
 MODEL = {"dim": 32, "heads": 4, "layers": 4, "context": 16}
@@ -45,14 +45,27 @@ def assert_same_model(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) ->
         torch.testing.assert_close(a[name], b[name], rtol=0, atol=1e-5, msg=name)
 
 
+def final_state(result: dict[str, Any]) -> dict[str, Any]:
+    """A run's last checkpoint as one process reads it: the model, and the optimizer's state
+    by parameter name (a pipeline's ranks save their stages' pieces through DCP; local's
+    state.pt keys it by the model's parameter order, which is the lm's state dict's)."""
+    folder = Path(result["checkpoint"])
+    state = torch.load(folder / "state.pt", weights_only=True)
+    if is_marker(state["model"]):
+        whole = read_full(folder)
+        return {"model": dict(whole["model"]), "moments": dict(whole["optimizer"]["state"])}
+    names = list(state["model"])
+    moments = {names[index]: value for index, value in state["optimizer"]["state"].items()}
+    return {"model": state["model"], "moments": moments}
+
+
 def assert_same_training(mine: dict[str, Any], reference: dict[str, Any]) -> None:
     """The parameters and AdamW's moments of two checkpoints' states (1e-5)."""
     assert_same_model(mine["model"], reference["model"])
-    for index, state in reference["optimizer"]["state"].items():
+    assert mine["moments"].keys() == reference["moments"].keys()
+    for name, state in reference["moments"].items():
         for key in ("exp_avg", "exp_avg_sq"):
-            torch.testing.assert_close(
-                mine["optimizer"]["state"][index][key], state[key], rtol=0, atol=1e-5
-            )
+            torch.testing.assert_close(mine["moments"][name][key], state[key], rtol=0, atol=1e-5)
 
 
 @pytest.fixture(scope="module")
@@ -152,8 +165,11 @@ def test_a_pipeline_checkpoint_resumes_at_another_partition_or_under_local(
     """The step-3 checkpoint loads the same parameters and optimizer state at another
     partition and schedule, or under local: the resumed run ends where local's 6 steps do."""
     run = cut_run(runs, corpus, "cut")
-    saved = torch.load(run / "checkpoints" / "step-00000003" / "state.pt", weights_only=True)
-    assert saved["model"].keys() == final_state(local_run)["model"].keys(), "local's layout"
+    step3 = run / "checkpoints" / "step-00000003"
+    pieces = sorted(p.name for p in (step3 / SHARDED_DIR).iterdir())
+    assert pieces == [".metadata", "__0_0.distcp", "__1_0.distcp"], "each rank its stage"
+    saved = read_full(step3, ("model",))["model"]
+    assert saved.keys() == final_state(local_run)["model"].keys(), "the model's names"
     resumed = shoal.train(resume=run, overrides=overrides)
     assert resumed["steps"] == 6
     assert_same_model(final_state(resumed)["model"], final_state(local_run)["model"])

@@ -16,8 +16,10 @@ from typing import Any
 
 import pytest
 import tomli_w
+import torch
 
 import shoal
+from shoal.checkpoint.sharded import plain_model_state
 from shoal.cli.main import main
 from shoal.monitor.metrics import read_metrics
 from tests.conftest import final_state
@@ -119,17 +121,36 @@ def test_a_user_loss_with_dict_batches_and_an_iterable_dataset_trains(runs: Path
     assert sum(trained[-16:]) < 0.5 * sum(trained[:16]), trained
 
 
-def test_a_pipeline_of_a_user_model_keeps_the_local_checkpoint_layout(
+def held_mib(run: Path, rank: int) -> float:
+    """The MiB of parameters `rank` logged holding once its model was ready."""
+    log = (run / "logs" / f"rank-{rank}.log").read_text()
+    found = re.search(r"model ready: ([\d.]+) MiB of parameters on this rank", log)
+    assert found is not None, log
+    return float(found.group(1))
+
+
+def test_a_pipeline_rank_holds_only_its_stages_started_from_local_values(
     runs: Path, local: Any
 ) -> None:
-    """A pipeline's checkpoint holds the whole model under the full model's names, so the
-    local run and the pipeline's hold the same keys (and each resumes the other's)."""
-    reference = final_state(local("hf_models:llama"))["model"]
+    """Each rank builds the model on the meta device and gives values to its own stages
+    only (about half the model's parameters here, not all of them); the stages start from
+    the values local builds for the seed and train as local does, and the checkpoint holds
+    the whole model under the full model's names (each rank its pieces, gathered by one
+    reader), equal to local's after the same steps."""
+    reference_run = local("hf_models:llama")
+    reference = final_state(reference_run)["model"]
     strategy = {"type": "pipeline", "stages": 2, "schedule": "gpipe", "microbatches": 2}
     job = module_job(runs, "pipe-layout", "hf_models:llama", strategy)
     job["checkpoint"] = {"at_end": True}
-    saved = final_state(shoal.train(job))["model"]
+    results = shoal.train(job)
+    folder = Path(results["checkpoint"])
+    saved = plain_model_state(folder, torch.load(folder / "state.pt", weights_only=True)["model"])
     assert saved.keys() == reference.keys()
+    for name, value in reference.items():
+        torch.testing.assert_close(saved[name], value, rtol=0, atol=1e-5, msg=name)
+    whole = held_mib(Path(reference_run["run_dir"]), 0)
+    halves = [held_mib(Path(results["run_dir"]), rank) for rank in (0, 1)]
+    assert all(0 < half < 0.65 * whole for half in halves), (halves, whole)
 
 
 BAD = [
@@ -165,6 +186,13 @@ BAD = [
         '[strategy]\ntype = "tensor_parallel"\ndegree = 3',
         r"strategy\.degree: a tensor degree of 3 does not divide the model's "
         r"num_attention_heads \(4\)",
+    ),
+    (
+        "a pipeline of a model whose head is tied to its embedding",
+        'factory = "hf_models:llama"\noptions = { tied = true }',
+        '[strategy]\ntype = "pipeline"\nstages = 2',
+        r"strategy\.stages: the factory's model ties its head to its input embedding, which a "
+        r"pipeline puts on its last and first stages; untie them",
     ),
     (
         "a pipeline of a model that is no causal LM",

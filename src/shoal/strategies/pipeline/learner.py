@@ -17,20 +17,22 @@ from `local`'s (each stage draws from its own rank's generator), so the
 equivalence holds with dropout = 0; a resume at the same partition restores
 every rank's generator and is bit-identical with dropout too.
 
-Checkpoints hold the full model's state dict and one optimizer state dict in
-`local`'s layout (the full model's parameter order), gathered from the stages:
-a pipeline checkpoint resumes under any partition, any schedule or `local`, and
-its `model` is a plain state dict of the whole model.
+A rank holds only its stages (the rest of the model is on the meta device, names
+and shapes without storage). Checkpoints save each rank's pieces through DCP by the
+full model's names (`StagePart`): a pipeline checkpoint resumes under any partition,
+any schedule or `local` (which reads the pieces whole), and `shoal export` gathers
+them; a plain checkpoint of the whole model (`local`'s) loads into the stages, each
+rank its own tensors and their optimizer state.
 
-Evaluation, the best model and the exported model use the full model every
-rank built before keeping its stages (:class:`PipelineRecord`): the other
-stages' parameters are brought up to date, from their owners, when it is
-needed (a collective), and its optimizer state and gradients never exist.
+Evaluation, the best model and the test splits run through the stages
+(`record.py`). A re-partition moves the blocks that change owner with their
+optimizer state (`PipelineStrategy._repartition`, `moving_state`, `repartition`).
 """
 
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -38,15 +40,16 @@ import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor
 
-from shoal.checkpoint.parts import Custom, StatePart
+from shoal.checkpoint.dcp_io import ShardedModelPart
+from shoal.checkpoint.marker import is_marker
 from shoal.config.train import TrainConfig
 from shoal.errors import ShoalError
 from shoal.protocols.capabilities import PIPELINE_STAGES
 from shoal.protocols.task import LossOutput, Task
-from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
 from shoal.runtime.memory import peak_memory_bytes
 from shoal.strategies.pipeline.measure import StageClock, gather_figures
+from shoal.strategies.pipeline.record import load_stage
 from shoal.strategies.pipeline.stages import (
     PipelinePlace,
     bubble_theory,
@@ -58,7 +61,6 @@ from shoal.training.learner import Learner
 from shoal.training.meter import StepStats
 from shoal.training.nonfinite import GradientCheck
 from shoal.training.optim import build_optimizer, build_scheduler
-from shoal.training.steps import LocalModel
 
 OPTIMIZER_KEY = "\t"  # between a parameter's name and its optimizer state's key
 
@@ -220,22 +222,22 @@ class StageLearner(Learner):
         # the stages by the full model's names (DCP saves by name; `PipelinePlace.model`)
         model = place.model
         super().__init__(task, model, sync, train, total_steps, share=share, norm_every=norm_every)
-        self.full = full
+        self.full = full  # the model's names and structure; what this rank does not hold is on meta
         self.stages = PIPELINE_STAGES.of(task, "pipeline")  # batches in, the last stage's loss
         self.group = group  # the pipeline's ranks (None: the world)
         self.microbatches = microbatches
         self.ctx = sync.ctx
         self.make_schedule = make_schedule
         self.full_names = [n for n, _ in full.named_parameters()]
-        self.version = 0  # optimizer steps taken here (the full model's copy is of `_fresh_at`)
-        self._fresh_at = 0
+        self.version = 0  # optimizer steps taken here
         self._scale = 1.0
         self._outputs: list[LossOutput] = []
         self._seat(place, sync)
 
     def _seat(self, place: PipelinePlace, sync: PipelineSync) -> None:
         """Take `place`'s stages (their modules are `self.model`, the optimizer's) under a
-        schedule, timed by `sync`'s clock, forward in the learner's precision."""
+        schedule, timed by `sync`'s clock, forward in the learner's precision; checkpoints
+        of their pieces by the full model's names (DCP: every rank its own)."""
         self.place, self.psync = place, sync
         self.schedule = self.make_schedule(self._loss)
         for stage in place.stages:
@@ -245,21 +247,47 @@ class StageLearner(Learner):
         names = {id(p): n for n, p in self.full.named_parameters()}
         self.local_names = [names.get(id(p), n) for n, p in self.model.named_parameters()]
         sync.state_bytes = _state_bytes(self.model, self.optimizer)
+        self.sharded = StagePart(self.model, self.optimizer, self._from_full)
 
-    def repartition(self, place: PipelinePlace, sync: PipelineSync) -> None:
-        """Collective: move to `place` (stages of a new partition, built on the full model's
-        modules) with the parameters and the optimizer and schedule state the old stages
-        held, exactly as a checkpoint in `local`'s layout would carry them."""
-        self.refresh()  # every rank's full model up to date: the new stages' modules are its
-        optimizer = self._optimizer_state(keep_all=True)
+    def repartition(self, place: PipelinePlace, sync: PipelineSync, moved: dict[str, Any]) -> None:
+        """Move to `place` (stages of a new partition, on the full model's modules, the
+        blocks that came here already given their values) with the optimizer state of
+        the parameters kept and `moved`'s (by name: those that came here), and the
+        schedule's state."""
+        mine = self._state_by_name()
+        mine.update(moved)
         scheduler = self.scheduler.state_dict()
+        group = {k: v for k, v in self.optimizer.state_dict()["param_groups"][0].items()}
         model = place.model
         self.model, self.sync = model, sync
         self.optimizer = build_optimizer(model.parameters(), self.train.optimizer)
         self.scheduler = build_scheduler(self.optimizer, self.train, self.total_steps)
         self._seat(place, sync)
-        self._load_full_optimizer(optimizer)
+        position = {name: i for i, name in enumerate(self.full_names)}
+        group["params"] = list(range(len(self.full_names)))
+        full = {position[name]: value for name, value in mine.items() if name in position}
+        self._load_optimizer({"state": full, "param_groups": [group]})
         self._load_scheduler(scheduler)
+
+    def _state_by_name(self) -> dict[str, dict[str, torch.Tensor]]:
+        """This rank's optimizer state, by the full model's parameter names."""
+        local = self.optimizer.state_dict()
+        if len(local["param_groups"]) != 1:
+            raise ShoalError("strategy pipeline trains optimizers of one parameter group only")
+        return {self.local_names[i]: dict(values) for i, values in local["state"].items()}
+
+    def moving_state(self, names: set[str]) -> dict[str, torch.Tensor]:
+        """The parameters named `names` and their optimizer state (tensors only), flat by
+        `name OPTIMIZER_KEY key` (the parameter itself under the empty key)."""
+        params = dict(self.model.named_parameters())
+        state = self._state_by_name()
+        flat: dict[str, torch.Tensor] = {}
+        for name in sorted(names):
+            flat[f"{name}{OPTIMIZER_KEY}"] = params[name].detach()
+            for key, value in state.get(name, {}).items():
+                if isinstance(value, torch.Tensor):
+                    flat[f"{name}{OPTIMIZER_KEY}{key}"] = value
+        return flat
 
     # ------------------------------------------------------------ the step's hooks
     def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats:
@@ -311,56 +339,10 @@ class StageLearner(Learner):
 
         return run
 
-    # ------------------------------------------------------------ the full model
-    def refresh(self) -> None:
-        """Collective: bring the full model's other stages up to date (when stale)."""
-        if self._fresh_at == self.version:
-            return
-        mine: dict[str, torch.Tensor] = {}
-        for module in self.place.modules:
-            mine.update(module.state_dict())
-        self.full.load_state_dict(share_tensors(self.ctx, mine, keep_all=True))
-        self._fresh_at = self.version
-
     # ------------------------------------------------------------ checkpoint parts
-    def parts(self) -> dict[str, StatePart]:
-        parts = super().parts()
-        parts["model"] = Custom(self._model_state, self._load_model)
-        parts["optimizer"] = Custom(self._optimizer_state, self._load_full_optimizer)
-        return parts
-
-    def _model_state(self) -> dict[str, torch.Tensor]:
-        self.refresh()
-        return self.full.state_dict()
-
-    def _load_model(self, state: dict[str, torch.Tensor]) -> None:
-        self.full.load_state_dict(state)  # the stages share its modules
-        self._fresh_at = self.version
-
-    def _optimizer_state(self, keep_all: bool = False) -> dict[str, Any]:
-        """Collective: one optimizer state dict in `local`'s layout (rank 0's answer, or every
-        rank's with `keep_all`)."""
-        local = self.optimizer.state_dict()
-        if len(local["param_groups"]) != 1:
-            raise ShoalError("strategy pipeline saves optimizers of one parameter group only")
-        mine = {
-            f"{self.local_names[index]}{OPTIMIZER_KEY}{key}": value
-            for index, values in local["state"].items()
-            for key, value in values.items()
-            if isinstance(value, torch.Tensor)
-        }
-        union = share_tensors(self.ctx, mine, keep_all=keep_all)
-        position = {name: i for i, name in enumerate(self.full_names)}
-        state: dict[int, dict[str, torch.Tensor]] = {}
-        for joined, value in union.items():
-            name, key = joined.split(OPTIMIZER_KEY)
-            state.setdefault(position[name], {})[key] = value
-        group = {k: v for k, v in local["param_groups"][0].items() if k != "params"}
-        group["params"] = list(range(len(self.full_names)))
-        return {"state": dict(sorted(state.items())), "param_groups": [group]}
-
-    def _load_full_optimizer(self, state: dict[str, Any]) -> None:
-        """This rank's share of an optimizer state in `local`'s layout."""
+    def _from_full(self, state: dict[str, Any]) -> dict[str, Any]:
+        """This rank's share of an optimizer state in `local`'s layout (the full model's
+        parameter order), in its own optimizer's."""
         saved_groups = state["param_groups"]
         if len(saved_groups) != 1 or len(saved_groups[0]["params"]) != len(self.full_names):
             raise ShoalError(
@@ -376,7 +358,30 @@ class StageLearner(Learner):
         }
         group = {k: v for k, v in saved_groups[0].items() if k != "params"}
         group["params"] = list(range(len(self.local_names)))
-        self._load_optimizer({"state": mine, "param_groups": [group]})
+        return {"state": mine, "param_groups": [group]}
+
+
+class StagePart(ShardedModelPart):
+    """`model` and `optimizer` of a pipeline rank: its stages' pieces through DCP, by the
+    full model's names; a plain checkpoint (`local`'s layout, whole model) gives each rank
+    its own tensors."""
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, from_full: Any) -> None:
+        super().__init__(model, optimizer)
+        self.from_full = from_full
+
+    def load_from(self, state: Any, folder: Path) -> None:
+        if is_marker(state):
+            super().load_from(state, folder)
+            return
+        load_stage(self.model, state, folder)
+        self.loaded_optimizer = None
+
+    def load_optimizer(self, state: Any) -> None:
+        if is_marker(state):
+            super().load_optimizer(state)
+            return
+        self.optimizer.load_state_dict(self.from_full(state))
 
 
 def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
@@ -391,21 +396,3 @@ def _state_bytes(model: nn.Module, optimizer: torch.optim.Optimizer) -> int:
     if slots is None:  # SGD: a momentum buffer if it has momentum
         slots = 1 if group.get("momentum") else 0
     return params * (2 + slots)
-
-
-class PipelineRecord(LocalModel):
-    """The model of record: the full model, brought up to date from the stages before
-    anyone sees it."""
-
-    def __init__(self, ctx: WorkerContext, learner: StageLearner) -> None:
-        super().__init__(ctx, learner.full)
-        self.learner = learner
-
-    @property
-    def model(self) -> nn.Module:
-        self.learner.refresh()
-        return self._model
-
-    def validated(self, best: bool) -> None:
-        self.learner.refresh()
-        super().validated(best)

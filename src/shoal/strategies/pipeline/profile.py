@@ -10,7 +10,9 @@ bytes for each parameter byte), plus the activations its forward saves for
 backward (counted through autograd's saved-tensor hooks, once per storage).
 
 The random generators are put back afterwards (dropout draws here must not
-shift training's), and the gradients are cleared.
+shift training's), and the gradients are cleared. The blocks are measured one after
+the other, each over every batch, so a model built on the meta device needs only
+the block being measured to have values (a pipeline rank holds its stages only).
 """
 
 from __future__ import annotations
@@ -57,19 +59,28 @@ def profile_blocks(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor],
     state_bytes_per_param: float,
     autocast: Callable[[], AbstractContextManager[Any]],
+    hold: Callable[[nn.Module], None] | None = None,
+    drop: Callable[[nn.Module], None] | None = None,
 ) -> BlockCosts:
     """Time and size every block of `model`, each as the one-block stage `cut(i, i)`, on
-    `batches` of (inputs, targets)."""
+    `batches` of (inputs, targets).
+
+    One stage at a time, over every batch: `hold(stage)` gives its parameters values
+    before (a model built on the meta device), `drop(stage)` takes them back after, so
+    that no more than one block's parameters (and the inputs of the next) exist at once."""
     stages: list[nn.Module] = [cut(i, i) for i in range(blocks)]
     seconds: list[list[float]] = [[] for _ in range(blocks)]
     activations = [0] * blocks
-    weights = {p.untyped_storage().data_ptr() for p in model.parameters()}
     was_training = model.training
     model.train()
+    inputs = [x for x, _ in batches]
     with torch.random.fork_rng(devices=[]):
-        for inputs, targets in batches:
-            x = inputs
-            for index, stage in enumerate(stages):
+        for index, stage in enumerate(stages):
+            if hold is not None:
+                hold(stage)
+            weights = {p.untyped_storage().data_ptr() for p in stage.parameters()}
+            for number, (_, targets) in enumerate(batches):
+                x = inputs[number]
                 x_in = x.detach().requires_grad_() if x.is_floating_point() else x
                 saved: dict[int, int] = {}
                 started = time.perf_counter()
@@ -85,9 +96,11 @@ def profile_blocks(
                     out.backward(torch.ones_like(out))
                 seconds[index].append(time.perf_counter() - started)
                 activations[index] = max(activations[index], sum(saved.values()))
-                x = out
-    for param in model.parameters():
-        param.grad = None
+                inputs[number] = out.detach()
+            for param in stage.parameters():
+                param.grad = None
+            if drop is not None:
+                drop(stage)
     model.train(was_training)
     state = [
         int(sum(p.numel() * p.element_size() for p in stage.parameters()) * state_bytes_per_param)

@@ -2,9 +2,17 @@
 
 The job is the step loop under the one driver (`training/steps.py`), with the
 pipeline's collaborators: the learner is a :class:`StageLearner` (this rank's
-stages under torch's schedule), the model of record the full model brought up
-to date from the stages (:class:`PipelineRecord`), and results.json gets a
-`pipeline` section (partition, measured shares, bubble, per-rank time and memory).
+stages under torch's schedule), the model of record the stages run in turn
+across the ranks (`record.py`: evaluation, the best model), and results.json gets
+a `pipeline` section (partition, measured shares, bubble, per-rank time and memory).
+
+A rank holds only its stages. A task that builds its model on the meta device
+(`training/materialise.py`) has it built there, and this rank gives values to its
+stages alone, the values `local` builds for the seed; any other model is built
+whole, cut, and the other ranks' parts dropped to the meta device. The model's
+names and structure stay whole on every rank (no storage where another rank holds
+the values), so the stages, checkpoints (DCP, by name) and a re-partition all speak
+of the full model's parameters.
 
 The partition is the config's, or the balanced one: every rank times each
 block on the first `balance_batches` training batches (`profile.py`), the ranks
@@ -15,24 +23,28 @@ stage's measured share.
 With `rebalance = "checkpoint"` the partition follows the ranks' measured speed:
 before each periodic checkpoint the ranks weigh it (`rebalance.py`) and, when
 another one would make the slowest stage enough faster, the stages are rebuilt
-at it, the parameters and optimizer state moved to their new owners exactly as a
-checkpoint in `local`'s layout moves them (`StageLearner.repartition`); a
+at it, the blocks that change owner handed over with their optimizer state (and
+best copy), the others staying where they are (`_repartition`); a
 `partition` record in metrics.jsonl says what was measured and decided. The
 partition is part of the checkpoint: a resume goes on at it.
 """
 
 from __future__ import annotations
 
+import copy
 import json
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any, ClassVar
 
+import torch
 from torch import nn
 
 from shoal.config.base import FieldError
 from shoal.errors import ShoalError
 from shoal.protocols.capabilities import PIPELINE_STAGES, PipelineStages
 from shoal.protocols.task import Task
-from shoal.runtime.collectives import gather_bytes
+from shoal.runtime.collectives import gather_bytes, share_tensors
 from shoal.strategies.base import Strategy
 from shoal.strategies.pipeline.config import (
     PipelineFields,
@@ -40,7 +52,7 @@ from shoal.strategies.pipeline.config import (
     check_partitions,
     split_partitions,
 )
-from shoal.strategies.pipeline.learner import PipelineRecord, PipelineSync, StageLearner
+from shoal.strategies.pipeline.learner import OPTIMIZER_KEY, PipelineSync, StageLearner
 from shoal.strategies.pipeline.partition import (
     Partition,
     balanced_partition,
@@ -50,17 +62,28 @@ from shoal.strategies.pipeline.partition import (
 from shoal.strategies.pipeline.profile import BlockCosts, profile_blocks
 from shoal.strategies.pipeline.rebalance import Decision, Rebalancer
 from shoal.strategies.pipeline.rebalance import shares as stage_shares
+from shoal.strategies.pipeline.record import StagedModel, StagedRecord
 from shoal.strategies.pipeline.stages import (
     PipelinePlace,
     build_schedule,
     build_stages,
+    join_stages,
 )
 from shoal.training.batching import EpochPlan
 from shoal.training.contracts import GradientSync
 from shoal.training.learner import Learner
 from shoal.training.loop import ModelOfRecord, Run
+from shoal.training.materialise import (
+    buffers_to,
+    draw_base,
+    hold_only,
+    materialise,
+    meta_builder,
+)
 from shoal.training.precision import Precision
 from shoal.training.steps import StepLoop
+
+BEST_KEY = "\tbest"  # after a tensor's name: its best copy, handed over in a re-partition
 
 
 class PipelineStrategy(Strategy[PipelineFields]):
@@ -82,24 +105,91 @@ class PipelineStrategy(Strategy[PipelineFields]):
     rebalancer: Rebalancer | None = None
     #: a checkpoint's partition, to go on at once it has loaded (rebalance only)
     saved_partition: Partition | None = None
+    #: the model `build_model` laid out (None: a hybrid mesh's, cut in `attach`)
+    laid_out: nn.Module | None = None
+    record: StagedRecord
 
     def run(self, task: Task) -> dict[str, Any]:
         self.task = task
         self.stages = PIPELINE_STAGES.of(task, "pipeline")
-        return self.drive(task, lambda run: PipelineLoop(run, self))
+        return self.drive(self.evaluating(task), lambda run: PipelineLoop(run, self))
+
+    def evaluating(self, task: Task) -> Task:
+        """The task the loop evaluates with: a view over this rank alone, so that every rank
+        runs every batch through the stages (`record.py`) and the figures need no sum.
+        (Training takes whole global batches on every rank: the view changes nothing there.)"""
+        solo = replace(self.ctx, rank=0, world_size=1, backend=None, heartbeat=None, group=None)
+        return task.on(solo)
 
     # ------------------------------------------------------------ building
-    def attach(self, model: nn.Module) -> GradientSync:
-        """Cut `model` (the full model, the same on every rank) into this rank's stages."""
+    def build_model(self, whole: Callable[[], nn.Module]) -> nn.Module:
+        """The model with values in this rank's stages only; the rest stays on the meta
+        device (names and shapes, no storage).
+
+        A task that builds on meta (`training/materialise.py`) gives this rank's stages
+        their values, each unit keyed by the seed and its path, so they equal what
+        `local` builds; measuring the blocks for a balanced partition holds one block at
+        a time. Otherwise (`whole`: the task builds the model whole) the model is built,
+        cut, and what other ranks hold is dropped."""
         self._check_batches()
+        builder = meta_builder(self.task)
+        meta = builder.build_meta_model() if builder is not None else None
+        if builder is None or meta is None:
+            model = whole()
+            self._lay_out(model)
+            hold_only(model, {id(p) for p in self.place.model.parameters()})
+            return model
+        base = draw_base()  # where `local`'s build draws it: the same values
+        shadow = copy.deepcopy(meta)  # whole, to initialise a unit at a time in
+        weights = builder.weights_for(shadow)
+        device = self.ctx.device
+
+        def hold(module: nn.Module) -> None:
+            materialise(module, builder, base, device, shadow, weights)
+
+        self._lay_out(meta, hold, lambda module: hold_only(module, ()))
+        buffers_to(meta, device)
+        return meta
+
+    def _lay_out(
+        self,
+        model: nn.Module,
+        hold: Callable[[nn.Module], None] | None = None,
+        drop: Callable[[nn.Module], None] | None = None,
+    ) -> None:
+        """The partition, this rank's stages (given values by `hold` when the model is on
+        meta) and torch's stage objects around them."""
         names = self.stages.pipeline_block_names(model)
-        self.partition = self._partition(model, len(names), names)
+        self.partition = self._partition(model, len(names), names, hold, drop)
+        stages = self._rank_stages(model, self.partition)
+        _refuse_shared(model, stages)
+        if hold is not None:
+            mine = stages[self.ctx.rank]
+            hold(mine[0] if len(mine) == 1 else join_stages(mine))
         self.place = self._place(model)
+        self.laid_out = model
+
+    def _rank_stages(self, model: nn.Module, partition: Partition) -> list[list[nn.Module]]:
+        """Each rank's stage modules at `partition` (loop placement)."""
+        cut, ranks = self.cut(model), self.config.pipeline_ranks
+        held: list[list[nn.Module]] = [[] for _ in range(ranks)]
+        for index, blocks in enumerate(partition):
+            held[index % ranks].append(cut(*blocks))
+        return held
+
+    def attach(self, model: nn.Module) -> GradientSync:
+        """This rank's stages of `model` (laid out by `build_model`; a hybrid mesh's whole
+        model is cut here) and their gradient sync."""
+        if self.laid_out is not model:
+            self._check_batches()
+            names = self.stages.pipeline_block_names(model)
+            self.partition = self._partition(model, len(names), names)
+            self.place = self._place(model)
         self.sync = self._sync(model)
         return self.sync
 
     def _place(self, model: nn.Module) -> PipelinePlace:
-        """This rank's stages: one pipeline over the world, sharing the full model's modules."""
+        """This rank's stages: one pipeline over the world, sharing the model's modules."""
         ctx = self.ctx
         return build_stages(
             self.cut(model), self.partition, None, ctx.rank, ctx.world_size, ctx.device
@@ -113,6 +203,19 @@ class PipelineStrategy(Strategy[PipelineFields]):
         named = {id(p): n for n, p in model.named_parameters()}
         local = [(named[id(p)], p) for m in self.place.modules for p in m.parameters()]
         return PipelineSync(self.ctx, local, self.place)
+
+    def make_record(self) -> ModelOfRecord:
+        """This rank's stages, evaluated through the pipeline (`record.py`)."""
+        self.record = StagedRecord(self.ctx, self.place.model, self._staged_forward())
+        return self.record
+
+    def _staged_forward(self) -> StagedModel:
+        """The forward through every rank's stages, this rank's cut afresh (full precision:
+        the training stages' forwards run under the learner's autocast)."""
+        whole = self.learner.full
+        cut = self.cut(whole)
+        mine = {i: cut(*self.partition[i]) for i in self.place.indices}
+        return StagedModel(self.ctx, whole, mine, self.place.total, self.config.pipeline_ranks)
 
     def make_learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         config = self.config
@@ -149,7 +252,14 @@ class PipelineStrategy(Strategy[PipelineFields]):
                 "a pipeline needs whole batches: lower it"
             )
 
-    def _partition(self, model: nn.Module, blocks: int, names: list[str]) -> Partition:
+    def _partition(
+        self,
+        model: nn.Module,
+        blocks: int,
+        names: list[str],
+        hold: Callable[[nn.Module], None] | None = None,
+        drop: Callable[[nn.Module], None] | None = None,
+    ) -> Partition:
         config, ctx = self.config, self.ctx
         total = config.total_stages
         if total > blocks:
@@ -173,10 +283,10 @@ class PipelineStrategy(Strategy[PipelineFields]):
             if ctx.is_main:
                 ctx.log.info("pipeline partition (given): %s", describe_partition(partition))
             if rebalance:  # the blocks' costs, to weigh other partitions against it
-                self.costs = self._measure(model, blocks)
+                self.costs = self._measure(model, blocks, hold, drop)
                 self._rebalancer(self.costs)
             return partition
-        self.costs = self._measure(model, blocks)
+        self.costs = self._measure(model, blocks, hold, drop)
         costs = self.costs.costs(config.balance)
         partition = balanced_partition(costs, total)
         whole = sum(costs) or 1.0
@@ -264,15 +374,46 @@ class PipelineStrategy(Strategy[PipelineFields]):
         run.metrics.write(record)
 
     def _repartition(self, partition: Partition) -> None:
-        """Collective: rebuild this rank's stages at `partition`, moving parameters and
-        optimizer state to their new owners."""
-        model = self.learner.full
+        """Collective: rebuild this rank's stages at `partition`. The blocks that change
+        owner travel with their optimizer state and best copy: each rank hands over what
+        it gives up, keeps of what the others hand over what it takes, and drops the rest
+        (to the meta device); what stays put does not move."""
+        learner, model = self.learner, self.learner.full
+        record = self.record
+        named = {id(p): n for n, p in model.named_parameters()}
+        new = self._rank_stages(model, partition)[self.ctx.rank]
+        wanted = {named[id(p)] for m in new for p in m.parameters()}
+        held = set(learner.local_names)
+        giving = learner.moving_state(held - wanted)
+        best_keys = set(join_stages(new).state_dict()) if len(new) > 1 else set(new[0].state_dict())
+        for key, value in (record.best or {}).items():
+            if key not in best_keys:
+                giving[f"{key}{BEST_KEY}"] = value
+        handed = share_tensors(self.ctx, giving, keep_all=True)
+        moved: dict[str, dict[str, torch.Tensor]] = {}
+        device = self.ctx.device
+        for joined, value in handed.items():
+            if joined.endswith(BEST_KEY):
+                key = joined.removesuffix(BEST_KEY)
+                if record.best is not None and key in best_keys:
+                    record.best[key] = value
+                continue
+            name, key = joined.split(OPTIMIZER_KEY)
+            if name not in wanted or name in held:
+                continue
+            if key:
+                moved.setdefault(name, {})[key] = value
+            else:
+                _set_parameter(model, name, value.to(device))
+        del handed, giving
+        hold_only(model, {id(p) for m in new for p in m.parameters()})
         self.partition = partition
         old = self.sync
         self.place = self._place(model)
         self.sync = self._sync(model)
         self.sync.take_over(old)
-        self.learner.repartition(self.place, self.sync)
+        learner.repartition(self.place, self.sync, moved)
+        record.seat(self.place.model, self._staged_forward())
 
     def state_dict(self) -> dict[str, Any]:
         """The partition (and the re-balance's speeds): a resume goes on at it."""
@@ -306,7 +447,13 @@ class PipelineStrategy(Strategy[PipelineFields]):
                 describe_partition(saved),
             )
 
-    def _measure(self, model: nn.Module, blocks: int) -> BlockCosts:
+    def _measure(
+        self,
+        model: nn.Module,
+        blocks: int,
+        hold: Callable[[nn.Module], None] | None = None,
+        drop: Callable[[nn.Module], None] | None = None,
+    ) -> BlockCosts:
         """Every rank times the blocks; the mean over ranks is what every rank uses."""
         ctx, task, train = self.ctx, self.task, self.ctx.config.train
         plan = EpochPlan(task.train_size, train.batch_size, 0, train.seed, train.shuffle, True)
@@ -322,7 +469,15 @@ class PipelineStrategy(Strategy[PipelineFields]):
 
         precision = Precision(train.mixed_precision, ctx.device)
         mine = profile_blocks(
-            model, self.cut(model), blocks, batches, loss, _state_factor(train), precision.autocast
+            model,
+            self.cut(model),
+            blocks,
+            batches,
+            loss,
+            _state_factor(train),
+            precision.autocast,
+            hold,
+            drop,
         )
         ranks = [json.loads(b) for b in gather_bytes(ctx, json.dumps(mine.__dict__).encode())]
         return BlockCosts(
@@ -363,6 +518,32 @@ class PipelineStrategy(Strategy[PipelineFields]):
         )
 
 
+def _refuse_shared(model: nn.Module, stages: list[list[nn.Module]]) -> None:
+    """One line when two ranks would hold one parameter (tied weights: the embedding of
+    the first stage and the head of the last), which each would train apart."""
+    owner: dict[int, int] = {}
+    for rank, modules in enumerate(stages):
+        for param in (p for module in modules for p in module.parameters()):
+            if owner.setdefault(id(param), rank) == rank:
+                continue
+            aliases = [n for n, p in model.named_parameters(remove_duplicate=False) if p is param]
+            raise ShoalError(
+                f"strategy pipeline: the model's parameter {' = '.join(aliases)} is tied "
+                f"across stages (ranks {owner[id(param)]} and {rank} would train it apart); "
+                "untie it (e.g. tie_word_embeddings = false) or train the model with "
+                "fully_sharded"
+            )
+
+
+def _set_parameter(model: nn.Module, name: str, value: torch.Tensor) -> None:
+    """`model`'s parameter `name` (on meta, not held here) given `value`."""
+    path, _, leaf = name.rpartition(".")
+    module = model.get_submodule(path) if path else model
+    old = module._parameters[leaf]
+    assert old is not None
+    module._parameters[leaf] = nn.Parameter(value, requires_grad=old.requires_grad)
+
+
 def _state_factor(train: Any) -> float:
     """Bytes of parameter + gradient + optimizer state per parameter byte."""
     kind = train.optimizer.kind
@@ -381,8 +562,11 @@ class PipelineLoop(StepLoop):
     def make_learner(self, model: nn.Module, sync: GradientSync) -> Learner:
         return self.strategy.make_learner(model, sync, self.total_steps)
 
+    def build_model(self) -> nn.Module:
+        return self.strategy.build_model(super().build_model)
+
     def make_record(self) -> ModelOfRecord:
-        return PipelineRecord(self.ctx, self.strategy.learner)
+        return self.strategy.make_record()
 
     def before_checkpoint(self) -> None:
         self.strategy.rebalance(self.run)

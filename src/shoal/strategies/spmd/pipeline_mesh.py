@@ -29,6 +29,7 @@ ranks at data and tensor coordinate 0) when it is needed.
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,6 +38,7 @@ from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_
 
 from shoal.checkpoint.dcp_io import ShardedModelPart
 from shoal.checkpoint.parts import StatePart
+from shoal.protocols.task import Task
 from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
 from shoal.shape.job import stage_indices
@@ -48,6 +50,8 @@ from shoal.strategies.spmd.config import HybridStrategyConfig
 from shoal.strategies.spmd.layout import build_mesh, lay_out
 from shoal.strategies.spmd.sync import SpmdGradientSync
 from shoal.training.learner import Learner
+from shoal.training.loop import ModelOfRecord
+from shoal.training.steps import LocalModel
 
 
 class MeshPipelineSync(PipelineSync):
@@ -105,6 +109,24 @@ class MeshStageLearner(StageLearner):
         self._fresh_at = self.version
 
 
+class MeshRecord(LocalModel):
+    """The model of record of a mesh: the full model every rank keeps, brought up to date
+    from the stages before anyone sees it."""
+
+    def __init__(self, ctx: WorkerContext, learner: MeshStageLearner) -> None:
+        super().__init__(ctx, learner.full)
+        self.learner = learner
+
+    @property
+    def model(self) -> nn.Module:
+        self.learner.refresh()
+        return self._model
+
+    def validated(self, best: bool) -> None:
+        self.learner.refresh()
+        super().validated(best)
+
+
 class MeshPipelineStrategy(PipelineStrategy):
     """The pipeline strategy along the mesh's pipeline dimension (see the module docstring).
     `HybridStrategy` hands a mesh with a pipeline dimension to it."""
@@ -116,6 +138,18 @@ class MeshPipelineStrategy(PipelineStrategy):
     @property
     def coords(self) -> dict[str, int]:
         return self.roles.coordinates(self.ctx.rank)
+
+    # a mesh's ranks keep the whole model beside their stages (evaluated on each rank's
+    # share of the windows, the best model and its files), as the pipeline once did
+    def evaluating(self, task: Task) -> Task:
+        return task
+
+    def build_model(self, whole: Callable[[], nn.Module]) -> nn.Module:
+        return whole()
+
+    def make_record(self) -> ModelOfRecord:
+        assert isinstance(self.learner, MeshStageLearner)
+        return MeshRecord(self.ctx, self.learner)
 
     def _place(self, model: nn.Module) -> PipelinePlace:
         ctx, config = self.ctx, self.config

@@ -147,9 +147,18 @@ class ModuleTaskConfig(TaskSection, FactoryOptions):
         return super().lacks(capability)
 
     def check_layout(self, dims: dict[str, int], fields: dict[str, tuple[str, ...]]) -> None:
-        """Whole attention heads (and key/value heads) on each tensor rank."""
+        """Whole attention heads (and key/value heads) on each tensor rank; an embedding and
+        head that share one weight on one pipeline stage (the first and the last hold
+        them, and would train two copies apart)."""
         tensor = dims.get("tensor", 1)
         model = self.meta_model()
+        if model is not None and dims.get("pipeline", 1) > 1 and _ties_head(model):
+            raise FieldError(
+                fields["pipeline"],
+                "the factory's model ties its head to its input embedding, which a pipeline "
+                "puts on its last and first stages; untie them (tie_word_embeddings = "
+                "false) or train it with fully_sharded",
+            )
         if tensor == 1 or model is None:
             return
         from shoal.tasks.module.layout import head_counts
@@ -161,3 +170,11 @@ class ModuleTaskConfig(TaskSection, FactoryOptions):
                     f"a tensor degree of {tensor} does not divide the model's {name} "
                     f"({heads}): each rank computes whole heads; choose a divisor of it",
                 )
+
+
+def _ties_head(model: Any) -> bool:
+    """Whether the model's head shares its weight with the input embedding."""
+    head = getattr(model, "lm_head", None)
+    embed = getattr(model, "get_input_embeddings", None)
+    weight = getattr(embed(), "weight", None) if callable(embed) else None
+    return weight is not None and getattr(head, "weight", None) is weight
