@@ -5,7 +5,11 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from shoal.tasks.kge.prepared.filter_build import _sorted_unique
+from shoal.tasks.kge.prepared.filter_build import (
+    _lexsorted_distinct,
+    _packed_distinct,
+    _sorted_unique,
+)
 from shoal.tasks.kge.prepared.filter_index import QueryIndex
 
 
@@ -44,3 +48,21 @@ def test_sorting_dedups_and_keeps_whether_a_training_triple_asked(spread: int) -
     assert np.repeat(query_keys, counts).tolist() == [k for k, _ in expected]
     trained = {int(k) for k, t in zip(keys, train, strict=True) if t}
     assert query_train.tolist() == [int(k) in trained for k in query_keys]
+
+
+@pytest.mark.parametrize("key_bits", [41, 42], ids=["packs-in-62-bits", "one-bit-too-wide"])
+def test_packing_at_its_limit_agrees_with_the_lexsort(key_bits: int) -> None:
+    """20-bit answers leave 41 bits of key range under 62: the widest range that packs
+    must give what the lexsort gives, and one bit wider must not be packed at all."""
+    rng = np.random.default_rng(2)
+    keys = np.concatenate([[5, 5 + (1 << key_bits) - 1], 5 + rng.integers(0, 1 << key_bits, 300)])
+    answers = np.concatenate([[0, (1 << 20) - 1], rng.integers(0, 1 << 20, 300)])
+    keys, answers = np.concatenate([keys, keys[:50]]), np.concatenate([answers, answers[:50]])
+    train = (rng.random(len(keys)) < 0.5).astype(np.uint8)
+    packed = _packed_distinct(keys, answers, train)
+    if key_bits == 42:
+        assert packed is None
+        return
+    assert packed is not None
+    for got, want in zip(packed, _lexsorted_distinct(keys, answers, train), strict=True):
+        assert got.tolist() == want.tolist()

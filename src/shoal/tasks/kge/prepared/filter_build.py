@@ -184,12 +184,10 @@ def _sorted_unique(
     if len(keys) == 0:
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty, np.zeros(0, dtype=bool)
-    keys, answers, train = _sorted(keys, answers, train)
-    first = np.ones(len(keys), dtype=bool)
-    first[1:] = (keys[1:] != keys[:-1]) | (answers[1:] != answers[:-1])
-    starts = np.flatnonzero(first)
-    train = np.maximum.reduceat(train, starts)
-    keys, answers = keys[starts], answers[starts]
+    distinct = _packed_distinct(keys, answers, train)
+    if distinct is None:
+        distinct = _lexsorted_distinct(keys, answers, train)
+    keys, answers, train = distinct
     new_key = np.ones(len(keys), dtype=bool)
     new_key[1:] = keys[1:] != keys[:-1]
     key_starts = np.flatnonzero(new_key)
@@ -198,17 +196,45 @@ def _sorted_unique(
     return keys[key_starts], counts, answers, query_train
 
 
-def _sorted(
+def _packed_distinct(
+    keys: np.ndarray, answers: np.ndarray, train: np.ndarray
+) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """The distinct (key, answer) pairs, sorted, and whether one of each pair's triples is
+    a training triple, from one sort of single int64 numbers: key, answer and a flag
+    packed by bit shifts (0 for training, so it sorts first among equals and the first
+    of a run says whether any is). Only the distinct pairs are unpacked; shifts, not
+    divisions, since unpacking every entry with `//` and `%` cost as much as the sort.
+    None where the three do not fit in 62 bits."""
+    low = int(keys.min())
+    answer_bits = int(answers.max()).bit_length()
+    if answer_bits > 60 or int(answers.min()) < 0 or (int(keys.max()) - low) >> (61 - answer_bits):
+        return None
+    packed = keys - low
+    packed <<= answer_bits
+    packed |= answers
+    packed <<= 1
+    packed += train == 0
+    packed.sort()
+    pairs = packed >> 1
+    first = np.ones(len(packed), dtype=bool)
+    np.not_equal(pairs[1:], pairs[:-1], out=first[1:])
+    del pairs
+    picked = packed[np.flatnonzero(first)]
+    train = ((picked & 1) == 0).astype(np.uint8)
+    picked >>= 1
+    distinct_answers = picked & ((1 << answer_bits) - 1)
+    picked >>= answer_bits
+    picked += low
+    return picked, distinct_answers, train
+
+
+def _lexsorted_distinct(
     keys: np.ndarray, answers: np.ndarray, train: np.ndarray
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Sorted by (key, answer), training triples first among equals. One sort of single
-    int64 numbers (key, answer and flag packed) where they fit, else a lexsort."""
-    low = int(keys.min())
-    span = int(answers.max()) + 1
-    if (int(keys.max()) - low + 1) * span < 1 << 62:
-        packed = ((keys - low) * span + answers) * 2 + (1 - train.astype(np.int64))
-        packed.sort()
-        pairs = packed >> 1
-        return pairs // span + low, pairs % span, (1 - (packed & 1)).astype(np.uint8)
+    """As `_packed_distinct`, for keys too far apart to pack: a lexsort."""
     order = np.lexsort((answers, keys))
-    return keys[order], answers[order], train[order]
+    keys, answers, train = keys[order], answers[order], train[order]
+    first = np.ones(len(keys), dtype=bool)
+    first[1:] = (keys[1:] != keys[:-1]) | (answers[1:] != answers[:-1])
+    starts = np.flatnonzero(first)
+    return keys[starts], answers[starts], np.maximum.reduceat(train, starts)
