@@ -24,7 +24,7 @@ def prepare_blocks(blocks: list[nn.Module], train: Any) -> None:
     """Apply `train`'s per-block options to `blocks`."""
     for block in blocks:
         if train.activation_checkpointing:
-            block.forward = types.MethodType(_checkpointed_forward, block)  # type: ignore[method-assign]
+            block.forward = types.MethodType(_checkpointed_forward, block)
         if train.compile:
             block.compile()
 
