@@ -140,7 +140,7 @@ class StepLoop(UnitLoop):
         model = self.build_model()
         sync = strategy.attach(model)
         ctx.log.info(
-            "model ready: %.1f MiB of parameters on this rank, peak resident memory so far "
+            "model ready: %.3f MiB of parameters on this rank, peak resident memory so far "
             "%.0f MiB",
             sum(_local_bytes(p) for p in model.parameters()) / 2**20,
             resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,

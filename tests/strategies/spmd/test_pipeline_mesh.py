@@ -8,6 +8,7 @@ draws dropout from its own rank's generator), 0.1 for the exact resume.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,14 @@ def text(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def local(tmp_path_factory: pytest.TempPathFactory, text: Path) -> dict[str, Any]:
     runs = tmp_path_factory.mktemp("mesh-local")
     return shoal.train(lm_job(runs, text, **COMMON, run={"name": "local"}))
+
+
+def held_mib(results: dict[str, Any], rank: int) -> float:
+    """The MiB of parameters `rank` logged holding once its model was ready."""
+    log = (Path(results["run_dir"]) / "logs" / f"rank-{rank}.log").read_text()
+    found = re.search(r"model ready: ([\d.]+) MiB of parameters on this rank", log)
+    assert found is not None, log
+    return float(found.group(1))
 
 
 @pytest.mark.parametrize(
@@ -110,6 +119,15 @@ def test_equals_local(
         r for r in read_metrics(Path(results["run_dir"]) / "metrics.jsonl") if r["event"] == "train"
     ]
     assert sum(r["samples"] for r in train) == 4 * 8, "each sample counted once (4 steps of 8)"
+    # each rank holds its stages (laid out over the other dimensions), not the whole model:
+    # the ranks hold one copy of it between them (replicated data: one a replica)
+    whole = held_mib(local, 0)
+    held = [held_mib(results, rank) for rank in range(world)]
+    copies = strategy["mesh"]["data"] if strategy.get("data") == "replicated" else 1
+    assert all(0 < mib < 0.8 * whole for mib in held), (held, whole)
+    assert sum(held) <= copies * whole * 1.05, (held, whole)  # tensor: norms on each rank
+    if copies == 1:
+        assert all(mib < 0.65 * whole for mib in held), (held, whole)
 
 
 def test_resume_is_exact_at_the_same_mesh(text: Path, tmp_path: Path) -> None:

@@ -41,7 +41,7 @@ class StagedModel(nn.Module):
 
     def __init__(
         self, ctx: WorkerContext, whole: nn.Module, stages: dict[int, nn.Module], total: int,
-        ranks: int,
+        ranks: tuple[list[int], Any, int],
     ) -> None:  # fmt: skip
         super().__init__()
         for name, child in whole.named_children():
@@ -50,24 +50,29 @@ class StagedModel(nn.Module):
             self.register_parameter(name, param)
         for name, buf in whole.named_buffers(recurse=False):
             self.register_buffer(name, buf, name not in whole._non_persistent_buffers_set)
-        self.ctx, self.total, self.ranks = ctx, total, ranks
+        self.ctx, self.total = ctx, total
+        # the global rank at each pipeline position, their group, this rank's position
+        self.sources, self.group, self.position = ranks
         self.held = stages  # stage index -> its module (full precision, unwrapped)
 
     def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
         h = kwargs["input_ids"] if "input_ids" in kwargs else args[0]
         device = h.device
         for index in range(self.total):
-            holder = index % self.ranks
-            if holder == self.ctx.rank:
+            holder = index % len(self.sources)
+            mine = holder == self.position
+            if mine:
                 h = self.held[index](h)
-            h = _broadcast(self.ctx, h if holder == self.ctx.rank else None, holder, device)
+            source = self.sources[holder]
+            h = _broadcast(self.ctx, h if mine else None, source, self.group, device)
         return h
 
 
 def _broadcast(
-    ctx: WorkerContext, tensor: torch.Tensor | None, src: int, device: torch.device
+    ctx: WorkerContext, tensor: torch.Tensor | None, src: int, group: Any, device: torch.device
 ) -> torch.Tensor:
-    """`tensor` from rank `src` to every rank (header first: dtype and shape)."""
+    """`tensor` from (global) rank `src` to every rank of `group` (header first: dtype and
+    shape)."""
     comm = ctx.comm_device
     header = torch.zeros(_HEADER, dtype=torch.int64, device=comm)
     if tensor is not None:
@@ -75,14 +80,14 @@ def _broadcast(
             raise ValueError(f"a stage's output of {tensor.dtype} {tuple(tensor.shape)}")
         header[0], header[1] = _DTYPES.index(tensor.dtype), tensor.dim()
         header[2 : 2 + tensor.dim()] = torch.tensor(tensor.shape)
-    dist.broadcast(header, src=src, group=ctx.group)
+    dist.broadcast(header, src=src, group=group)
     dtype, dims = _DTYPES[int(header[0])], int(header[1])
     shape = [int(s) for s in header[2 : 2 + dims]]
     if tensor is not None:
         flat = tensor.detach().to(comm).contiguous()
     else:
         flat = torch.empty(shape, dtype=dtype, device=comm)
-    dist.broadcast(flat, src=src, group=ctx.group)
+    dist.broadcast(flat, src=src, group=group)
     return flat.to(device)
 
 

@@ -164,10 +164,15 @@ class PipelineStrategy(Strategy[PipelineFields]):
         stages = self._rank_stages(model, self.partition)
         _refuse_shared(model, stages)
         if hold is not None:
-            mine = stages[self.ctx.rank]
+            mine = stages[self.pipeline_rank]
             hold(mine[0] if len(mine) == 1 else join_stages(mine))
         self.place = self._place(model)
         self.laid_out = model
+
+    @property
+    def pipeline_rank(self) -> int:
+        """This rank's place along the pipeline (a hybrid mesh: its pipeline coordinate)."""
+        return self.ctx.rank
 
     def _rank_stages(self, model: nn.Module, partition: Partition) -> list[list[nn.Module]]:
         """Each rank's stage modules at `partition` (loop placement)."""
@@ -215,7 +220,12 @@ class PipelineStrategy(Strategy[PipelineFields]):
         whole = self.learner.full
         cut = self.cut(whole)
         mine = {i: cut(*self.partition[i]) for i in self.place.indices}
-        return StagedModel(self.ctx, whole, mine, self.place.total, self.config.pipeline_ranks)
+        return StagedModel(self.ctx, whole, mine, self.place.total, self._along_pipeline())
+
+    def _along_pipeline(self) -> tuple[list[int], Any, int]:
+        """(the global rank at each pipeline position, their process group, this rank's
+        position): whom the staged forward hands activations along."""
+        return list(range(self.config.pipeline_ranks)), self.ctx.group, self.ctx.rank
 
     def make_learner(self, model: nn.Module, sync: GradientSync, total_steps: int) -> Learner:
         config = self.config
@@ -381,7 +391,7 @@ class PipelineStrategy(Strategy[PipelineFields]):
         learner, model = self.learner, self.learner.full
         record = self.record
         named = {id(p): n for n, p in model.named_parameters()}
-        new = self._rank_stages(model, partition)[self.ctx.rank]
+        new = self._rank_stages(model, partition)[self.pipeline_rank]
         wanted = {named[id(p)] for m in new for p in m.parameters()}
         held = set(learner.local_names)
         giving = learner.moving_state(held - wanted)

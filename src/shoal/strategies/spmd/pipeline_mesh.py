@@ -6,8 +6,8 @@ share every other coordinate), with the same partition, schedule, learner and
 bubble figures (`strategies/pipeline/`), and three changes, each made by the
 mechanism the other SPMD layouts use:
 
-- a stage is built on the pipeline dimension's process group, from a copy of
-  its blocks laid out by `layout.lay_out` over the other dimensions (the
+- a stage is built on the pipeline dimension's process group, its blocks laid
+  out in place by `layout.lay_out` over the other dimensions (the
   Megatron plan over `tensor`, FSDP over a sharded `data`); under
   interleaved 1F1B a rank holds `virtual_stages` such stages (loop placement),
   each laid out on its own, joined by the full model's names for the
@@ -21,37 +21,35 @@ mechanism the other SPMD layouts use:
   parameters.
 
 Each data replica of a pipeline trains on its slice of every global batch,
-cut into the configured micro-batches. Evaluation and the model of record use
-the full model, brought up to date from the stages (whole tensors, from the
-ranks at data and tensor coordinate 0) when it is needed.
+cut into the configured micro-batches. A rank holds only its stages, as a
+pipeline rank does (`PipelineStrategy.build_model`: the model on the meta
+device, values given to this rank's stages alone, or built whole and the rest
+dropped), laid out in place; evaluation, the best model and the test splits run
+through the laid-out stages along the pipeline dimension (`pipeline/record.py`),
+every rank every batch (the sharded forwards are collective).
 """
 
 from __future__ import annotations
 
-import copy
-from collections.abc import Callable
 from typing import Any
 
 import torch
+import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
 from shoal.checkpoint.dcp_io import ShardedModelPart
 from shoal.checkpoint.parts import StatePart
-from shoal.protocols.task import Task
-from shoal.runtime.collectives import share_tensors
 from shoal.runtime.context import WorkerContext
 from shoal.shape.job import stage_indices
 from shoal.shape.roles import RankRoles
 from shoal.strategies.pipeline.learner import PipelineSync, StageLearner
+from shoal.strategies.pipeline.record import StagedModel
 from shoal.strategies.pipeline.stages import PipelinePlace, build_stages
 from shoal.strategies.pipeline.strategy import PipelineStrategy
 from shoal.strategies.spmd.config import HybridStrategyConfig
 from shoal.strategies.spmd.layout import build_mesh, lay_out
 from shoal.strategies.spmd.sync import SpmdGradientSync
 from shoal.training.learner import Learner
-from shoal.training.loop import ModelOfRecord
-from shoal.training.steps import LocalModel
 
 
 class MeshPipelineSync(PipelineSync):
@@ -85,46 +83,18 @@ class MeshPipelineSync(PipelineSync):
 
 class MeshStageLearner(StageLearner):
     """A stage of a mesh: its parameters and optimizer state saved through DCP, by the
-    full model's names (every rank its pieces), and the full model gathered from whole
-    tensors."""
+    full model's names (every rank its pieces, DTensors where laid out)."""
 
-    def __init__(self, *args: Any, gives: bool, counted: bool, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, counted: bool, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.counted = counted  # the last stage's tensor ranks > 0 repeat its samples
-        # even unsharded (data x pipeline, replicated), no rank holds the whole model
+
+    def _seat(self, place: PipelinePlace, sync: PipelineSync) -> None:
+        super()._seat(place, sync)
         self.sharded = ShardedModelPart(self.model, self.optimizer)
-        self.gives = gives  # this rank sends its stage when the full model is gathered
-        self._fresh_at = -1  # the full model is the seed's until first gathered
 
     def parts(self) -> dict[str, StatePart]:
         return Learner.parts(self)
-
-    def refresh(self) -> None:
-        """Collective: the full model from every stage's whole tensors."""
-        if self._fresh_at == self.version:
-            return
-        whole = get_model_state_dict(self.model, options=StateDictOptions(full_state_dict=True))
-        mine = {k: v for k, v in whole.items() if isinstance(v, torch.Tensor)} if self.gives else {}
-        self.full.load_state_dict(share_tensors(self.ctx, mine, keep_all=True))
-        self._fresh_at = self.version
-
-
-class MeshRecord(LocalModel):
-    """The model of record of a mesh: the full model every rank keeps, brought up to date
-    from the stages before anyone sees it."""
-
-    def __init__(self, ctx: WorkerContext, learner: MeshStageLearner) -> None:
-        super().__init__(ctx, learner.full)
-        self.learner = learner
-
-    @property
-    def model(self) -> nn.Module:
-        self.learner.refresh()
-        return self._model
-
-    def validated(self, best: bool) -> None:
-        self.learner.refresh()
-        super().validated(best)
 
 
 class MeshPipelineStrategy(PipelineStrategy):
@@ -139,17 +109,20 @@ class MeshPipelineStrategy(PipelineStrategy):
     def coords(self) -> dict[str, int]:
         return self.roles.coordinates(self.ctx.rank)
 
-    # a mesh's ranks keep the whole model beside their stages (evaluated on each rank's
-    # share of the windows, the best model and its files), as the pipeline once did
-    def evaluating(self, task: Task) -> Task:
-        return task
+    @property
+    def pipeline_rank(self) -> int:
+        return self.coords["pipeline"]
 
-    def build_model(self, whole: Callable[[], nn.Module]) -> nn.Module:
-        return whole()
+    def _along_pipeline(self) -> tuple[list[int], Any, int]:
+        group = self.mesh["pipeline"].get_group()
+        return dist.get_process_group_ranks(group), group, self.coords["pipeline"]
 
-    def make_record(self) -> ModelOfRecord:
-        assert isinstance(self.learner, MeshStageLearner)
-        return MeshRecord(self.ctx, self.learner)
+    def _staged_forward(self) -> StagedModel:
+        """The forward through the pipeline's laid-out stages (FSDP and the tensor plan act
+        in their calls; under the learner's precision, as they train)."""
+        mine = dict(zip(self.place.indices, self.place.modules, strict=True))
+        whole = self.learner.full
+        return StagedModel(self.ctx, whole, mine, self.place.total, self._along_pipeline())
 
     def _place(self, model: nn.Module) -> PipelinePlace:
         ctx, config = self.ctx, self.config
@@ -159,11 +132,10 @@ class MeshPipelineStrategy(PipelineStrategy):
         bf16 = ctx.config.train.mixed_precision == "bf16"
 
         def prepare(stage: nn.Module) -> nn.Module:
-            mine = copy.deepcopy(stage)  # the full model stays whole, for evaluation
-            lay_out(
+            lay_out(  # in place: the model holds this rank's stages, laid out, and no more
                 self.task,
                 "hybrid",
-                mine,
+                stage,
                 self.mesh,
                 self.inner,
                 config.data_mode(),
@@ -172,7 +144,7 @@ class MeshPipelineStrategy(PipelineStrategy):
                 config.plan,
                 config.wrap,
             )
-            return mine
+            return stage
 
         group = self.mesh["pipeline"].get_group()
         coords = self.coords
@@ -200,7 +172,6 @@ class MeshPipelineStrategy(PipelineStrategy):
         return {
             "share": (coords.get("data", 0), self.inner.get("data", 1)),
             "group": self.mesh["pipeline"].get_group(),
-            "gives": coords.get("data", 0) == 0 and coords.get("tensor", 0) == 0,
             "counted": coords.get("tensor", 0) == 0,
         }
 
