@@ -8,7 +8,8 @@ a view of the task over one rank, every rank every window), the rank of stage 0 
 it and broadcasts the activation, the rank of stage 1 runs that, and so on; the last
 stage's output is broadcast to every rank, which computes the same figures from it (no
 reduction needed). Each broadcast carries a small header first (dtype and shape), so
-batches of any length pass. The stages run in full precision, as the whole model did.
+batches of any length pass. The stages run in full precision, as the whole model did
+(a hybrid mesh's run laid out, as they train: in the learner's precision).
 
 The best model is each rank's own stages, copied to the CPU when validation finds it
 best, put back for the test splits; a resumed run without one in memory reads its
