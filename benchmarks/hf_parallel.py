@@ -74,6 +74,8 @@ TEXT = REPO.parent / "shared" / "datasets" / "tinyshakespeare" / "input.txt.gz"
 INTERVAL = 5  # shoal logs a record every INTERVAL steps; warmup and steps are multiples
 VALID_FRACTION = 0.002  # the factory's held-out tail: a few windows, evaluated once at the end
 ROWS = ("fully_sharded", "tensor_parallel", "pipeline")
+# beside Accelerate: its FSDP config on CPU builds DDP, so shoal's data_parallel runs too
+ACCELERATE_ROWS = ("fully_sharded", "data_parallel")
 
 
 # ---------------------------------------------------------------- the model and the data
@@ -150,6 +152,8 @@ def shoal_config(args: argparse.Namespace, row: str, scratch: str) -> dict[str, 
             "microbatches": args.microbatches,
             "split_points": [f"model.layers.{args.layers // 2}"],  # the plain script's cut
         }
+    elif row == "data_parallel":
+        strategy = {"type": row, "num_replicas": 2}  # the global batch split over the two
     else:
         strategy = {"type": row, "degree": 2}
     return {
@@ -398,7 +402,9 @@ def per_round(ratios: list[float]) -> tuple[float, float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=ROWS, help="one row")
+    parser.add_argument(
+        "--only", choices=ROWS + ACCELERATE_ROWS[1:], help="one row (data_parallel: Accelerate)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
@@ -414,7 +420,7 @@ def main() -> None:
         choices=("plain", "accelerate"),
         default="plain",
         help="what shoal runs beside: the plain torch scripts, or Hugging Face Accelerate "
-        "(fully_sharded only; needs --accelerate-python)",
+        "(the fully_sharded and data_parallel rows; needs --accelerate-python)",
     )
     parser.add_argument(
         "--accelerate-python",
@@ -425,13 +431,16 @@ def main() -> None:
     if args.contender == "accelerate":
         if args.accelerate_python is None or not args.accelerate_python.exists():
             parser.error("--contender accelerate: --accelerate-python PATH (an existing python)")
-        if args.only not in (None, "fully_sharded"):
-            parser.error("--contender accelerate: only the fully_sharded row")
-        args.only = "fully_sharded"
+        if args.only not in (None, *ACCELERATE_ROWS):
+            parser.error(f"--contender accelerate: the rows {', '.join(ACCELERATE_ROWS)}")
+    elif args.only == "data_parallel":
+        parser.error("--only data_parallel: with --contender accelerate")
     if args.warmup % INTERVAL or args.steps % INTERVAL or args.steps <= args.warmup:
         parser.error(f"--steps and --warmup: multiples of {INTERVAL}, steps > warmup")
     check_same_model(args)
-    rows = [args.only] if args.only else list(ROWS)
+    rows = (
+        [args.only] if args.only else list(ACCELERATE_ROWS if args.contender != "plain" else ROWS)
+    )
     contender = accelerate_row if args.contender == "accelerate" else plain_row
     table = []
     with tempfile.TemporaryDirectory() as scratch:
