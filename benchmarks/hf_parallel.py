@@ -29,9 +29,16 @@ disturbed moves it least) and the rounds shoal lost. --phases
 prints each rank's time per step phase, shoal's from its records beside the plain
 script's.
 
+`--contender accelerate --accelerate-python VENV/bin/python` runs the fully_sharded row
+beside Hugging Face Accelerate instead (accelerate_child.py, launched by `accelerate
+launch` with accelerate_fsdp2_cpu.yaml in that venv: Accelerate stays out of shoal's
+environment). Accelerate 1.15 does not shard on CPU: its FSDP config becomes DDP there
+(each round prints what Accelerate built; docs/benchmarks/model-parallel.md says why).
+
     .venv/bin/python benchmarks/hf_parallel.py [--rounds 3] [--steps 40] [--warmup 10]
         [--only fully_sharded|tensor_parallel|pipeline] [--width 128] [--layers 4]
         [--context 128] [--batch 16] [--schedule 1f1b|gpipe] [--microbatches 4] [--phases]
+        [--contender plain|accelerate] [--accelerate-python PATH]
 """
 
 from __future__ import annotations
@@ -42,7 +49,9 @@ import gzip
 import json
 import math
 import os
+import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -58,12 +67,15 @@ from torch import nn
 
 import shoal
 
-REPO = Path(__file__).resolve().parents[1]
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
 EXAMPLES = REPO / "examples"
 TEXT = REPO.parent / "shared" / "datasets" / "tinyshakespeare" / "input.txt.gz"
 INTERVAL = 5  # shoal logs a record every INTERVAL steps; warmup and steps are multiples
 VALID_FRACTION = 0.002  # the factory's held-out tail: a few windows, evaluated once at the end
 ROWS = ("fully_sharded", "tensor_parallel", "pipeline")
+# beside Accelerate: its FSDP config on CPU builds DDP, so shoal's data_parallel runs too
+ACCELERATE_ROWS = ("fully_sharded", "data_parallel")
 
 
 # ---------------------------------------------------------------- the model and the data
@@ -82,20 +94,26 @@ def factory_options(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def llama_options(args: argparse.Namespace) -> dict[str, Any]:
+    """The plain scripts' LlamaConfig keyword arguments, as a user of transformers writes
+    them (also handed to the Accelerate script, which builds its own config)."""
+    return {
+        "vocab_size": 256,
+        "hidden_size": args.width,
+        "intermediate_size": 4 * args.width,
+        "num_hidden_layers": args.layers,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "max_position_embeddings": args.context,
+        "tie_word_embeddings": False,
+    }
+
+
 def llama_config(args: argparse.Namespace) -> Any:
-    """The plain scripts' model config, written as a user of transformers writes it."""
+    """The plain scripts' model config."""
     from transformers import LlamaConfig
 
-    return LlamaConfig(
-        vocab_size=256,
-        hidden_size=args.width,
-        intermediate_size=4 * args.width,
-        num_hidden_layers=args.layers,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=args.context,
-        tie_word_embeddings=False,
-    )
+    return LlamaConfig(**llama_options(args))
 
 
 def check_same_model(args: argparse.Namespace) -> None:
@@ -134,6 +152,8 @@ def shoal_config(args: argparse.Namespace, row: str, scratch: str) -> dict[str, 
             "microbatches": args.microbatches,
             "split_points": [f"model.layers.{args.layers // 2}"],  # the plain script's cut
         }
+    elif row == "data_parallel":
+        strategy = {"type": row, "num_replicas": 2}  # the global batch split over the two
     else:
         strategy = {"type": row, "degree": 2}
     return {
@@ -318,6 +338,55 @@ def plain_row(args: argparse.Namespace, row: str, scratch: str) -> dict[str, Any
     return json.loads(Path(store + ".json").read_text())
 
 
+# ---------------------------------------------------------------- Hugging Face Accelerate
+
+
+def free_port() -> int:
+    """A port the OS has just handed out (for the launcher's rendezvous)."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def accelerate_row(args: argparse.Namespace, row: str, scratch: str) -> dict[str, Any]:
+    """Accelerate's run of the same job (accelerate_child.py in args.accelerate_python's
+    venv, `accelerate launch` with accelerate_fsdp2_cpu.yaml, 2 processes); its report.
+
+    ACCELERATE_USE_CPU=true: with an FSDP config Accelerate's launcher takes its
+    multi-GPU path, which does not pass the config's `use_cpu` on, so without a GPU each
+    process would come up as a single, unsynchronised run (DistributedType.NO); set, the
+    processes form one gloo group. The report says what Accelerate made of the config
+    (its distributed type and the model's wrapper): on CPU it is not FSDP (see
+    docs/benchmarks/model-parallel.md)."""
+    work = Path(tempfile.mkdtemp(dir=scratch))
+    windows = Path(scratch) / "windows.pt"
+    if not windows.exists():
+        torch.save(train_windows(args.context), windows)
+    settings = {
+        "config": llama_options(args),
+        "windows": str(windows),
+        "batch": args.batch,
+        "context": args.context,
+        "steps": args.steps,
+        "warmup": args.warmup,
+    }
+    (work / "settings.json").write_text(json.dumps(settings))
+    command = [
+        str(args.accelerate_python),
+        *("-m", "accelerate.commands.launch", "--config_file"),
+        str(HERE / "accelerate_fsdp2_cpu.yaml"),
+        *("--main_process_ip", "127.0.0.1", "--main_process_port", str(free_port())),
+        str(HERE / "accelerate_child.py"),
+        *(str(work / "settings.json"), str(work / "report.json")),
+    ]
+    env = {**os.environ, "ACCELERATE_USE_CPU": "true", "PYTHONPATH": ""}
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    if done.returncode or not (work / "report.json").exists():
+        tail = (done.stderr or done.stdout).strip().splitlines()[-1:]
+        raise SystemExit(f"hf_parallel: the Accelerate run failed ({done.returncode}): {tail}")
+    return json.loads((work / "report.json").read_text())
+
+
 # ---------------------------------------------------------------- rounds and the summary
 
 
@@ -333,7 +402,9 @@ def per_round(ratios: list[float]) -> tuple[float, float, int]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--only", choices=ROWS, help="one row")
+    parser.add_argument(
+        "--only", choices=ROWS + ACCELERATE_ROWS[1:], help="one row (data_parallel: Accelerate)"
+    )
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--warmup", type=int, default=10)
@@ -344,33 +415,58 @@ def main() -> None:
     parser.add_argument("--schedule", choices=("1f1b", "gpipe"), default="1f1b")
     parser.add_argument("--microbatches", type=int, default=4)
     parser.add_argument("--phases", action="store_true", help="each rank's time per phase")
+    parser.add_argument(
+        "--contender",
+        choices=("plain", "accelerate"),
+        default="plain",
+        help="what shoal runs beside: the plain torch scripts, or Hugging Face Accelerate "
+        "(the fully_sharded and data_parallel rows; needs --accelerate-python)",
+    )
+    parser.add_argument(
+        "--accelerate-python",
+        type=Path,
+        help="the python of a venv with accelerate and transformers (torch==2.13.0)",
+    )
     args = parser.parse_args()
+    if args.contender == "accelerate":
+        if args.accelerate_python is None or not args.accelerate_python.exists():
+            parser.error("--contender accelerate: --accelerate-python PATH (an existing python)")
+        if args.only not in (None, *ACCELERATE_ROWS):
+            parser.error(f"--contender accelerate: the rows {', '.join(ACCELERATE_ROWS)}")
+    elif args.only == "data_parallel":
+        parser.error("--only data_parallel: with --contender accelerate")
     if args.warmup % INTERVAL or args.steps % INTERVAL or args.steps <= args.warmup:
         parser.error(f"--steps and --warmup: multiples of {INTERVAL}, steps > warmup")
     check_same_model(args)
-    rows = [args.only] if args.only else list(ROWS)
+    rows = (
+        [args.only] if args.only else list(ACCELERATE_ROWS if args.contender != "plain" else ROWS)
+    )
+    contender = accelerate_row if args.contender == "accelerate" else plain_row
     table = []
     with tempfile.TemporaryDirectory() as scratch:
         for row in rows:
             pairs = []
             for index in range(args.rounds):
                 if index % 2:  # the side that goes first swaps every round
-                    plain = plain_row(args, row, scratch)
+                    plain = contender(args, row, scratch)
                     mine = shoal_row(args, row, scratch)
                 else:
                     mine = shoal_row(args, row, scratch)
-                    plain = plain_row(args, row, scratch)
+                    plain = contender(args, row, scratch)
                 pairs.append((mine["tokens_s"], plain["tokens_s"]))
+                got = {k: v for k, v in plain.items() if k != "tokens_s"}
                 print(
-                    f"{row} round {index + 1}: shoal {mine['tokens_s']:.0f} tokens/s, plain "
-                    f"{plain['tokens_s']:.0f}, ratio {mine['tokens_s'] / plain['tokens_s']:.3f}",
+                    f"{row} round {index + 1}: shoal {mine['tokens_s']:.0f} tokens/s, "
+                    f"{args.contender} {plain['tokens_s']:.0f}, ratio "
+                    f"{mine['tokens_s'] / plain['tokens_s']:.3f}" + (f" {got}" if got else ""),
                     flush=True,
                 )
             table.append((row, pairs))
     name = {"pipeline": f"pipeline 2 ({args.schedule}, {args.microbatches} micro-batches)"}
     print(
-        "\n| strategy | shoal tokens/s (median) | plain tokens/s (median) | shoal / plain per "
-        "round: geometric mean | standard error | median | rounds lost |"
+        f"\n| strategy | shoal tokens/s (median) | {args.contender} tokens/s (median) | "
+        f"shoal / {args.contender} per round: geometric mean | standard error | median | "
+        "rounds lost |"
     )
     print("|---|---|---|---|---|---|---|")
     for row, pairs in table:
@@ -382,7 +478,7 @@ def main() -> None:
             f"{statistics.median(ratios):.3f} | {lost} of {len(pairs)} |"
         )
         each = ", ".join(f"{a:.0f} / {b:.0f}" for a, b in pairs)
-        print(f"  {row} by round, shoal / plain tokens/s: {each}")
+        print(f"  {row} by round, shoal / {args.contender} tokens/s: {each}")
 
 
 if __name__ == "__main__":
