@@ -55,6 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import venv
 from pathlib import Path
 from typing import Any
 
@@ -400,6 +401,37 @@ def per_round(ratios: list[float]) -> tuple[float, float, int]:
     return math.exp(mean), math.exp(spread), sum(x < 0 for x in logs)
 
 
+ACCELERATE_VENV = Path(__file__).resolve().parents[1] / ".venv-accelerate"
+
+
+def accelerate_requirements() -> list[str]:
+    """Accelerate beside this torch and this environment's transformers, pinned."""
+    from importlib.metadata import version
+
+    return [
+        "torch==2.13.0",
+        "accelerate==1.15.0",
+        f"transformers=={version('transformers')}",
+    ]
+
+
+def ensure_accelerate_venv(path: Path = ACCELERATE_VENV) -> Path:
+    """Create Accelerate's venv once, apart from shoal's (a stamp file records what was
+    installed; torch pinned so that pip never resolves another); its python."""
+    python = path / "bin" / "python"
+    stamp = path / ".accelerate-installed"
+    wanted = accelerate_requirements()
+    if stamp.exists() and stamp.read_text().split() == wanted:
+        return python
+    if not python.exists():
+        venv.create(path, with_pip=True)
+    pip = [str(python), "-m", "pip", "install", "--quiet", "--disable-pip-version-check"]
+    subprocess.run([*pip, wanted[0]], check=True)  # torch first, then nothing moves it
+    subprocess.run([*pip, *wanted], check=True)
+    stamp.write_text(" ".join(wanted) + "\n")
+    return python
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
@@ -420,16 +452,19 @@ def main() -> None:
         choices=("plain", "accelerate"),
         default="plain",
         help="what shoal runs beside: the plain torch scripts, or Hugging Face Accelerate "
-        "(the fully_sharded and data_parallel rows; needs --accelerate-python)",
+        "(the fully_sharded and data_parallel rows)",
     )
     parser.add_argument(
         "--accelerate-python",
         type=Path,
-        help="the python of a venv with accelerate and transformers (torch==2.13.0)",
+        help="the python of a venv with accelerate and transformers (torch==2.13.0); "
+        f"without it, the benchmark makes one in {ACCELERATE_VENV.name} at the repository's root",
     )
     args = parser.parse_args()
     if args.contender == "accelerate":
-        if args.accelerate_python is None or not args.accelerate_python.exists():
+        if args.accelerate_python is None:
+            args.accelerate_python = ensure_accelerate_venv()
+        elif not args.accelerate_python.exists():
             parser.error("--contender accelerate: --accelerate-python PATH (an existing python)")
         if args.only not in (None, *ACCELERATE_ROWS):
             parser.error(f"--contender accelerate: the rows {', '.join(ACCELERATE_ROWS)}")
