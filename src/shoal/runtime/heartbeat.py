@@ -18,6 +18,7 @@ time), so the launcher can use a short timeout without false alarms.
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import datetime
 import json
@@ -73,7 +74,7 @@ class Beat(NamedTuple):
     role: str = "worker"
 
 
-class Beats:
+class Beats(abc.ABC):
     """A rank's progress, reported by a background thread every interval: the step it
     reached and what it is doing. Where the beats go is the subclass's (`_send`): the
     launcher's store (`Heartbeat`), or status.json for a job inside the calling process
@@ -97,9 +98,9 @@ class Beats:
         self._beat()
         self._thread.start()
 
+    @abc.abstractmethod
     def _send(self, beat: Beat) -> None:
-        """Deliver one beat."""
-        raise NotImplementedError
+        """Deliver one beat (to the launcher's store, or to an in-process status board)."""
 
     def beat(self, step: int, now: bool = False) -> None:
         """Record progress; the thread reports it at its next tick, or within FRESH_S when
@@ -159,7 +160,7 @@ class Beats:
             self._thread.join(timeout=self._interval + 5.0)
         self._release()
 
-    def _release(self) -> None:
+    def _release(self) -> None:  # noqa: B027 (optional: most subclasses hold nothing)
         """Free what `_send` wrote through (after the thread has ended)."""
 
 
