@@ -38,14 +38,15 @@ def disk_full(exc: BaseException, folder: Path, what: str) -> DiskFull | None:
     """`what` ("checkpoint of step 5") as a DiskFull when `exc`, raised while writing into
     `folder`, came from a full disk; None when it did not. Call it before cleaning up."""
     free = free_bytes(folder)
-    said = any(isinstance(e, OSError) and e.errno in _FULL_ERRNOS for e in _chain(exc))
+    said = any(isinstance(e, OSError) and e.errno in _FULL_ERRNOS for e in exception_chain(exc))
     if not said and (free is None or free >= FULL_BYTES):
         return None
     room = f"{free:,} bytes free" if free is not None else "no space left"
     return DiskFull(f"{what} not written: the disk holding {folder.parent} is full ({room})")
 
 
-def _chain(exc: BaseException) -> list[BaseException]:
+def exception_chain(exc: BaseException) -> list[BaseException]:
+    """`exc` and its causes and contexts, each once."""
     seen: list[BaseException] = []
     current: BaseException | None = exc
     while current is not None and all(current is not e for e in seen):

@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from shoal.checkpoint.atomic import fsync_dir, fsync_file
-from shoal.checkpoint.space import disk_full
+from shoal.checkpoint.space import disk_full, exception_chain
 from shoal.errors import ShoalError
 
 PROVENANCE_FILE = "shoal-export.json"
@@ -142,7 +142,7 @@ def place(out: Path, write: Callable[[Path], None], what: str) -> None:
         _remove(tmp)
         if full is not None:
             raise ShoalError(f"{full}; free some space or give --out on another disk") from None
-        denied = next((e for e in _chain(exc) if isinstance(e, OSError)), None)
+        denied = next((e for e in exception_chain(exc) if isinstance(e, OSError)), None)
         if denied is not None and denied.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise ShoalError(
                 f"--out {out}: cannot write there ({denied.strerror}); give a folder you may "
@@ -156,12 +156,3 @@ def _remove(path: Path) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
-
-
-def _chain(exc: BaseException) -> list[BaseException]:
-    seen: list[BaseException] = []
-    current: BaseException | None = exc
-    while current is not None and all(current is not e for e in seen):
-        seen.append(current)
-        current = current.__cause__ or current.__context__
-    return seen
