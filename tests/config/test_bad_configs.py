@@ -85,7 +85,7 @@ CASES: list[tuple[str, str | bytes, list[str], str]] = [
         GOOD + '\n[strategy]\ntype = "parameter_server"\nservers = 2\n',
         [],
         "bad.toml:10: strategy.servers: unknown key; did you mean 'num_servers'? allowed here: "
-        "barrier_timeout_s, colocate_by_host, "
+        "barrier_timeout_s, colocate_by_host, host_rows, "
         "max_message_rows, max_staleness, min_servers, mode, num_servers, num_workers, optimizer, placement, "
         "prefetch, shard_dir, sharding, type, worker_memory_budget_mb",
     ),

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from shoal.strategies.parameter_server.host_rows import HostShard
 from shoal.strategies.parameter_server.transport import Link, PendingReply, ServerRefused
 from shoal.strategies.parameter_server.wire import Header, Op, decode_json
 
@@ -51,13 +52,22 @@ class PendingPull:
     entity_ids: torch.Tensor
     relation_ids: torch.Tensor
     parts: list[_Part] = field(default_factory=list)
+    #: rows read in place from the shards on this host (host_rows.py), put back at once
+    entity: torch.Tensor | None = None
+    relation: torch.Tensor | None = None
+
+    def outputs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.entity is None or self.relation is None:
+            we, wr = self.client.widths
+            self.entity = torch.empty(len(self.entity_ids), we)
+            self.relation = torch.empty(len(self.relation_ids), wr)
+        return self.entity, self.relation
 
     def wait(self) -> tuple[torch.Tensor, torch.Tensor]:
         client = self.client
         started = time.perf_counter()
         we, wr = client.widths
-        entity = torch.empty(len(self.entity_ids), we)
-        relation = torch.empty(len(self.relation_ids), wr)
+        entity, relation = self.outputs()
         refused: ServerRefused | None = None
         for part in self.parts:
             try:
@@ -88,9 +98,12 @@ class RowClient:
         widths: tuple[int, int],
         max_rows: int,
         timeout_s: float,
+        host_shards: dict[int, HostShard] | None = None,
     ) -> None:
         self.worker = worker
         self.links = links
+        #: servers whose shards this worker reads and updates in place (host_rows.py)
+        self.host_shards = host_shards or {}
         self.owners = {name: torch.from_numpy(o.astype(np.int64)) for name, o in owners.items()}
         self.widths = widths
         self.max_rows = max_rows
@@ -140,6 +153,12 @@ class RowClient:
         for server, e_at, r_at in self._by_server(entity_ids, relation_ids):
             if not len(e_at) and not len(r_at):
                 continue
+            shard = self.host_shards.get(server)
+            if shard is not None and not fresh:  # a fresh read waits for clocks: by message
+                entity, relation = pending.outputs()
+                entity[e_at], relation[r_at] = shard.read(entity_ids[e_at], relation_ids[r_at])
+                self.stats.rows_pulled += len(e_at) + len(r_at)
+                continue
             header = Header(Op.PULL, self.worker, clock, len(e_at), len(r_at), fresh=fresh)
             ids = torch.cat([entity_ids[e_at], relation_ids[r_at]])
             count = len(e_at) * self.widths[0] + len(r_at) * self.widths[1]
@@ -166,6 +185,16 @@ class RowClient:
         by_server: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         for server, e_at, r_at in self._by_server(entity_ids, relation_ids):
             by_server.setdefault(server, []).append((e_at, r_at))
+        for server, shard in self.host_shards.items():
+            # applied in place, whole; then a push without rows, so the clock advances
+            # after the rows are in the shard
+            e_at = torch.cat([e for e, _ in by_server[server]])
+            r_at = torch.cat([r for _, r in by_server[server]])
+            shard.apply(entity_ids[e_at], entity_grads[e_at], relation_ids[r_at],
+                        relation_grads[r_at])  # fmt: skip
+            self.stats.rows_pushed += len(e_at) + len(r_at)
+            empty = torch.zeros(0, dtype=torch.int64)
+            by_server[server] = [(empty, empty)]
         for server, chunks in by_server.items():
             for index, (e_at, r_at) in enumerate(chunks):
                 remaining = len(chunks) - 1 - index

@@ -198,6 +198,16 @@ class ParameterServerStrategyConfig(StrategySection):
         "are unlinked as soon as they are mapped (nothing is left behind).",
         json_schema_extra=RESUME_SAFE,
     )
+    host_rows: Literal["auto", "shared", "messages"] = Field(
+        "auto",
+        description="How a worker reaches the servers on its own host. shared: it reads "
+        "and updates their shards in shared memory (in place, under each shard's lock; "
+        "files in /dev/shm, or in shard_dir), with one row-less push per server and clock "
+        "so the servers' clocks advance; servers on other hosts by message. messages: "
+        "every row by message. auto: shared where it applies (mode async, optimizer "
+        "sgd or adagrad, no server restarting alone, room in /dev/shm), else messages.",
+        json_schema_extra=RESUME_SAFE,
+    )
     worker_memory_budget_mb: float | None = Field(
         None,
         gt=0,
@@ -219,6 +229,19 @@ class ParameterServerStrategyConfig(StrategySection):
             raise FieldError(
                 ("min_servers",),
                 f"must be <= num_servers ({self.num_servers}), got {self.min_servers}",
+            )
+        if self.host_rows == "shared" and self.mode != "async":
+            raise FieldError(
+                ("host_rows",),
+                f'"shared" reads rows as they are, which mode "{self.mode}" does not allow '
+                '(a pull waits for other workers\' pushes); set mode = "async" or '
+                'host_rows = "auto"',
+            )
+        if self.host_rows == "shared" and self.optimizer.kind == "lazy_adam":
+            raise FieldError(
+                ("host_rows",),
+                '"shared" updates rows in the workers, and lazy_adam\'s step count is the '
+                'server\'s own; use optimizer kind "adagrad" or "sgd", or host_rows = "auto"',
             )
         if self.placement == "colocated" and self.num_servers > self.num_workers:
             raise ValueError(

@@ -28,6 +28,7 @@ reason, and a pull held for it names it.
 from __future__ import annotations
 
 import collections
+import contextlib
 import dataclasses
 import json
 import logging
@@ -171,6 +172,12 @@ class ShardServer:
         self.load_files = load_files
         self.refused: dict[int, str] = {}  # worker -> why its pushes are no longer taken
         self.stats = ServerStats()
+
+    def locked(self) -> contextlib.AbstractContextManager[None]:
+        """Held around every read and update of the rows: the shard's lock when workers of
+        this host share its memory (host_rows.py), else nothing (one thread uses them)."""
+        lock = getattr(self.storage, "lock", None)
+        return lock.held() if lock is not None else contextlib.nullcontext()
 
     # ------------------------------------------------------------ clocks
     def applied(self) -> float:
@@ -370,6 +377,11 @@ class ShardServer:
     def _apply(self, messages: list[Message]) -> None:
         """Sum the pushes per row (a row may come from several workers) and update once."""
         started = time.perf_counter()
+        with self.locked():
+            self._apply_tables(messages)
+        self.stats.apply_s += time.perf_counter() - started
+
+    def _apply_tables(self, messages: list[Message]) -> None:
         for name in TABLES:
             shard = self.tables[name]
             ids, grads = [], []
@@ -394,17 +406,15 @@ class ShardServer:
                 summed = torch.zeros(len(unique), shard.width)
                 summed.index_add_(0, inverse, torch.cat(grads))
             self.optimizer.apply(shard.rows, shard.state, shard.positions(unique, name), summed)
-        self.stats.apply_s += time.perf_counter() - started
 
     def _answer(self, message: Message) -> Reply:
         header = message.header
         reply = Header(Op.REPLY, self.index, header.clock, seq=header.seq)
         if header.op == Op.PULL:
-            parts = []
-            for name, ids in self._split(message).items():
-                shard = self.tables[name]
-                parts.append(shard.rows[shard.positions(ids, name)].reshape(-1))
-            values = torch.cat(parts)
+            at = {name: self.tables[name].positions(ids, name)
+                  for name, ids in self._split(message).items()}  # fmt: skip
+            with self.locked():
+                values = torch.cat([self.tables[n].rows[a].reshape(-1) for n, a in at.items()])
             reply.entity_rows, reply.relation_rows = header.entity_rows, header.relation_rows
             self.stats.pulls += 1
             self.stats.rows_pulled += header.rows
@@ -413,21 +423,26 @@ class ShardServer:
                 self.stats.staleness[max(0, int(header.clock - min(self.applied(), 1 << 62)))] += 1
             return Reply(header.sender, reply, values)
         if header.op == Op.SAVE:
-            return Reply(header.sender, reply, blob=self._save(message.blob, header.clock))
+            with self.locked():
+                blob = self._save(message.blob, header.clock)
+            return Reply(header.sender, reply, blob=blob)
         if header.op == Op.SNAPSHOT:
             if self._snapshot is None:  # made once, where the rows live, then overwritten
                 self._snapshot = {
                     name: (self._like(t.rows), {k: self._like(v) for k, v in t.state.items()})
                     for name, t in self.tables.items()
                 }
-            for name, t in self.tables.items():
-                rows, state = self._snapshot[name]
-                rows.copy_(t.rows)
-                for key, value in t.state.items():
-                    state[key].copy_(value)
+            with self.locked():
+                for name, t in self.tables.items():
+                    rows, state = self._snapshot[name]
+                    rows.copy_(t.rows)
+                    for key, value in t.state.items():
+                        state[key].copy_(value)
             self.snapshot_clock = header.clock
         elif header.op == Op.RESTORE:
-            return Reply(header.sender, reply, blob=self._restore(message.blob))
+            with self.locked():
+                blob = self._restore(message.blob)
+            return Reply(header.sender, reply, blob=blob)
         elif header.op == Op.STATS:
             stats = {**self.stats.as_json(), "snapshot_clock": self.snapshot_clock}
             return Reply(header.sender, reply, blob=json.dumps(stats).encode())

@@ -102,3 +102,14 @@ def local_index(owners: np.ndarray, server: int) -> np.ndarray:
     ids = shard_ids(owners, server)
     index[ids] = np.arange(len(ids))
     return index
+
+
+def owner_positions(owners: np.ndarray) -> np.ndarray:
+    """global id -> its position in its owner's shard: one array for every server (each row
+    has one owner), int32 while the table allows."""
+    dtype = np.int32 if len(owners) < 2**31 else np.int64
+    positions = np.empty(len(owners), dtype=dtype)
+    for server in np.unique(owners):
+        ids = np.flatnonzero(owners == server)
+        positions[ids] = np.arange(len(ids), dtype=dtype)
+    return positions

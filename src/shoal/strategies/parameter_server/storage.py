@@ -25,6 +25,7 @@ import mmap
 import os
 import tempfile
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -76,4 +77,11 @@ class FileStorage:
         return f"memory-mapped files in {self.folder} ({self.bytes / (1 << 20):.1f} MiB)"
 
 
-ShardStorage = MemoryStorage | FileStorage
+class ShardStorage(Protocol):
+    """Where a shard's tensors live: in memory, in files, or shared on a host (host_rows.py)."""
+
+    def zeros(self, *shape: int) -> torch.Tensor: ...
+
+    def empty(self, *shape: int) -> torch.Tensor: ...
+
+    def describe(self) -> str: ...

@@ -42,6 +42,15 @@ from shoal.strategies.base import Strategy
 from shoal.strategies.parameter_server.client import RowClient
 from shoal.strategies.parameter_server.config import ParameterServerStrategyConfig
 from shoal.strategies.parameter_server.endpoint import ServerEndpoint
+from shoal.strategies.parameter_server.host_rows import (
+    SHARED_MEMORY_DIR,
+    HostShard,
+    SharedStorage,
+    description,
+    room_for,
+    store_key,
+    wait_for_key,
+)
 from shoal.strategies.parameter_server.learner import ServedRows, ServerSync
 from shoal.strategies.parameter_server.rejoin import (
     Announcement,
@@ -52,7 +61,7 @@ from shoal.strategies.parameter_server.rejoin import (
 )
 from shoal.strategies.parameter_server.row_optimizers import build_row_optimizer
 from shoal.strategies.parameter_server.server import ShardServer
-from shoal.strategies.parameter_server.sharding import table_owners
+from shoal.strategies.parameter_server.sharding import owner_positions, table_owners
 from shoal.strategies.parameter_server.shards import build_shard, load_shards
 from shoal.strategies.parameter_server.storage import FileStorage, MemoryStorage, ShardStorage
 from shoal.strategies.parameter_server.transport import (
@@ -77,6 +86,14 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
     tables: ServedTables
 
     def run(self, task: Task) -> dict[str, Any]:
+        self.shared_storage: list[SharedStorage] = []
+        try:
+            return self._run(task)
+        finally:  # a shard shared on a host leaves no file behind, however the job ends
+            for storage in self.shared_storage:
+                storage.unlink()
+
+    def _run(self, task: Task) -> dict[str, Any]:
         ctx, config = self.ctx, self.config
         self.task = task
         self.tables = SERVED_TABLES.of(task, "parameter_server")
@@ -178,9 +195,7 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
                 return None
             return lambda ids: served.initial_rows(model, name, ids)
 
-        storage: ShardStorage = MemoryStorage()
-        if config.shard_dir is not None:
-            storage = FileStorage(Path(config.shard_dir), f"server-{server}")
+        storage = self._storage(server, served.table_weights(model), optimizer)
         tables = {
             name: build_shard(
                 self.owners[name], server, weight.shape[1], starts(name), optimizer, storage
@@ -208,6 +223,13 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
             shard.resume_at(
                 load_shards(Path(ctx.resume_from), server, config.num_servers, tables, ctx.log)
             )
+        if self._shares_host(server):  # b"": this server's rows go by message
+            blob = b""
+            if isinstance(storage, SharedStorage):
+                storage.seal()
+                self.shared_storage.append(storage)
+                blob = description(tables, storage)
+            ctx.store.set(store_key(ctx.restart, server, "rows"), blob)
         rank = self.roles.servers[server]
         host = ctx.hosts.label(ctx.hosts.host_of[rank])
         ctx.log.info("%s; host %s", describe_server(shard, config, rank), host)
@@ -252,12 +274,101 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
             widths,
             config.max_message_rows,
             self.ctx.config.faults.timeout_s,
+            self._map_host_shards(),
         )
         rows = {name: table.rows for name, table in self.tables.served_tables().items()}
         self.served = ServedRows(self.client, rows["entity"], rows["relation"])
         remote = [link for link in links if isinstance(link, RemoteLink)]
         self.watcher = Watcher(rejoin, remote) if rejoin is not None else None
         self._check_budget(widths)
+
+    # ------------------------------------------------------------ rows shared on a host
+    def _host_rows_apply(self) -> str | None:
+        """Why rows are not shared on hosts in this job (None: they are, where a server has
+        workers on its host); `host_rows = "shared"` refuses to go on without."""
+        config, ctx = self.config, self.ctx
+        why = None
+        if config.host_rows == "messages":
+            return 'strategy.host_rows = "messages"'
+        if config.mode != "async":
+            why = f'mode "{config.mode}"'
+        elif config.optimizer.kind == "lazy_adam":
+            why = "optimizer lazy_adam"
+        elif ctx.store is None:
+            why = "this launch has no job store"
+        elif any(self.shape.restarts_alone(rank)[0] for rank in self.roles.servers):
+            why = "a server may restart alone"
+        if why is not None and config.host_rows == "shared":
+            raise ShoalError(f'strategy.host_rows = "shared" cannot apply here: {why}; set '
+                             'host_rows = "auto" or "messages"')  # fmt: skip
+        return why
+
+    def _host_workers(self, server: int) -> list[int]:
+        """The worker ranks on the host of server `server`."""
+        hosts = self.ctx.hosts
+        host = hosts.host_of[self.roles.servers[server]]
+        return [r for r in self.roles.workers if hosts.host_of[r] == host]
+
+    def _shares_host(self, server: int) -> bool:
+        return self._host_rows_apply() is None and bool(self._host_workers(server))
+
+    def _storage(
+        self, server: int, weights: dict[str, torch.Tensor], optimizer: Any
+    ) -> ShardStorage:
+        """Where server `server` keeps its shard: shared with its host's workers when rows
+        are shared (and the file system has room), in `shard_dir`'s files, or in memory."""
+        config, ctx = self.config, self.ctx
+        label = f"server-{server}"
+        disk = Path(config.shard_dir) if config.shard_dir is not None else None
+        if self._shares_host(server):
+            parent = disk or SHARED_MEMORY_DIR
+            rows = {name: int((self.owners[name] == server).sum()) for name in weights}
+            per_row = {"sgd": 0, "adagrad": 1}.get(config.optimizer.kind, 0)
+            need = sum(4 * n * (int(weights[name].shape[1]) + per_row) for name, n in rows.items())
+            if room_for(parent, need):
+                return SharedStorage(parent, label)
+            if config.host_rows == "shared":
+                raise ShoalError(
+                    f'strategy.host_rows = "shared": server {server} needs {need / MIB:.1f} '
+                    f"MiB in {parent}, which has less free; set strategy.shard_dir to a "
+                    'folder with room, or host_rows = "auto"'
+                )
+            ctx.log.warning(
+                "server %d: %s has not %.1f MiB free for its shard: its host's workers reach "
+                "it by message", server, parent, need / MIB)  # fmt: skip
+        if disk is not None:
+            return FileStorage(disk, label)
+        return MemoryStorage()
+
+    def _map_host_shards(self) -> dict[int, HostShard]:
+        """The shards of this worker's host's servers, mapped (see host_rows.py); the host's
+        last worker to map a shard unlinks its files."""
+        ctx = self.ctx
+        why = self._host_rows_apply()
+        if why is not None:
+            if ctx.is_main and self.config.host_rows == "auto":
+                ctx.log.info("parameter server: every row goes by message (%s)", why)
+            return {}
+        mapped: dict[int, HostShard] = {}
+        positions = {name: owner_positions(o) for name, o in self.owners.items()}
+        optimizer = build_row_optimizer(self.config.optimizer)
+        host = ctx.hosts.host_of[ctx.rank]
+        for server, rank in enumerate(self.roles.servers):
+            if ctx.hosts.host_of[rank] != host:
+                continue
+            who = f"server {server} (rank {rank})"
+            blob = wait_for_key(ctx.store, store_key(ctx.restart, server, "rows"),
+                                ctx.config.faults.start_timeout_s, who)  # fmt: skip
+            if not blob:
+                continue
+            shard = mapped[server] = HostShard(server, blob, positions, optimizer)
+            count = int(ctx.store.add(store_key(ctx.restart, server, "mapped"), 1))
+            if count == len(self._host_workers(server)):
+                shard.unlink()
+        if mapped:
+            ctx.log.info("parameter server worker %d: reads and updates the rows of server(s) "
+                         "%s in shared memory", ctx.rank, ", ".join(map(str, mapped)))  # fmt: skip
+        return mapped
 
     def _check_budget(self, widths: tuple[int, int]) -> None:
         """The most a worker holds at once, and a check against the configured budget.
