@@ -88,4 +88,3 @@ def test_a_rank_holds_no_copy_of_the_graph(
 
     peak = _peak_traced(lambda: _a_rank_trains_and_evaluates(runs, root / "big", ranking))
     assert peak < budget, f"peak traced {peak / 2**20:.1f} MiB (a copy: {copy_bytes / 2**20:.1f})"
-    print(f"peak traced {peak / 2**20:.2f} MiB, budget {budget / 2**20:.2f} MiB")
