@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import math
+import tracemalloc
 
+import numpy as np
 import pytest
 import torch
 
+from shoal.training import batching
 from shoal.training.batching import (
     EpochPlan,
     local_share,
@@ -18,7 +21,9 @@ from shoal.training.optim import WarmupDecay
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
 @pytest.mark.parametrize(("samples", "batch"), [(100, 10), (101, 7), (13, 20), (9, 4)])
-def test_every_sample_exactly_once_per_epoch(world_size: int, samples: int, batch: int) -> None:
+def test_every_sample_exactly_once_per_epoch(
+    world_size: int, samples: int, batch: int, limit: str
+) -> None:
     plan = EpochPlan(samples, batch, epoch=2, seed=5)
     seen: list[int] = []
     for step in range(plan.num_steps):
@@ -31,15 +36,52 @@ def test_every_sample_exactly_once_per_epoch(world_size: int, samples: int, batc
     assert sorted(seen) == list(range(samples))
 
 
-def test_global_batches_depend_on_seed_and_epoch_not_world_size() -> None:
-    a = EpochPlan(50, 8, epoch=0, seed=1)
-    assert torch.equal(a.order, EpochPlan(50, 8, epoch=0, seed=1).order)
-    assert not torch.equal(a.order, EpochPlan(50, 8, epoch=1, seed=1).order)
-    assert not torch.equal(a.order, EpochPlan(50, 8, epoch=0, seed=2).order)
-    assert torch.equal(EpochPlan(50, 8, epoch=0, seed=1, shuffle=False).order, torch.arange(50))
+def _order(plan: EpochPlan) -> torch.Tensor:
+    return torch.cat([plan.global_batch(step) for step in range(plan.num_steps)])
 
 
-def test_drop_last_and_step_counts() -> None:
+@pytest.fixture(params=["numpy", "keyed"])
+def limit(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Both orders: NumPy's permutation (small epochs) and the keyed one (large epochs)."""
+    if request.param == "keyed":
+        monkeypatch.setattr(batching, "MATERIALISED_SAMPLES", 0)
+    return str(request.param)
+
+
+def test_global_batches_depend_on_seed_and_epoch_not_world_size(limit: str) -> None:
+    a = _order(EpochPlan(50, 8, epoch=0, seed=1))
+    assert torch.equal(a, _order(EpochPlan(50, 8, epoch=0, seed=1)))  # any rank, a resume
+    assert not torch.equal(a, _order(EpochPlan(50, 8, epoch=1, seed=1)))
+    assert not torch.equal(a, _order(EpochPlan(50, 8, epoch=0, seed=2)))
+    assert torch.equal(_order(EpochPlan(50, 8, epoch=0, seed=1, shuffle=False)), torch.arange(50))
+
+
+@pytest.mark.parametrize("samples", [1, 2, 3, 1000, 4097])
+def test_up_to_the_limit_the_order_is_numpys_permutation_bit_for_bit(samples: int) -> None:
+    """The order every run before had: NumPy's int64 permutation for (seed, epoch)."""
+    plan = EpochPlan(samples, 7, epoch=3, seed=11)
+    expected = np.random.default_rng([11, 3]).permutation(samples)
+    assert torch.equal(_order(plan), torch.from_numpy(expected))
+    assert plan.global_batch(0).dtype == torch.int64
+
+
+def test_an_epoch_beyond_the_limit_holds_no_order_of_its_samples() -> None:
+    """200M samples: NumPy's order would take 1.6 GB as int64 (0.8 GB as int32); the plan
+    and a batch of it take a few kB of the Python heap, NumPy's arrays included."""
+    samples = 200_000_000
+    tracemalloc.start()
+    try:
+        plan = EpochPlan(samples, 1024, epoch=0, seed=1)
+        batch = plan.global_batch(plan.num_steps // 2)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert len(batch) == 1024 and int(batch.min()) >= 0 and int(batch.max()) < samples
+    assert peak < 1 << 20, f"{peak / 2**20:.1f} MiB traced"
+    assert samples > batching.MATERIALISED_SAMPLES
+
+
+def test_drop_last_and_step_counts(limit: str) -> None:
     assert steps_per_epoch(101, 10, drop_last=False) == 11
     assert steps_per_epoch(101, 10, drop_last=True) == 10
     plan = EpochPlan(101, 10, epoch=0, seed=0, drop_last=True)

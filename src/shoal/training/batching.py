@@ -14,10 +14,24 @@ import numpy as np
 import torch
 
 from shoal.protocols.task import rank_slice
+from shoal.training.permutation import KeyedPermutation
+
+#: up to this many samples an epoch's order is NumPy's permutation, held as int32 (64 MiB
+#: at most): the order of every run before the keyed one, bit for bit
+MATERIALISED_SAMPLES = 1 << 24
 
 
 class EpochPlan:
-    """The order of samples in one epoch, cut into global batches."""
+    """The order of samples in one epoch, cut into global batches.
+
+    No rank holds more than a batch of the order beyond `MATERIALISED_SAMPLES`: up to it,
+    the order is NumPy's permutation of the samples for (seed, epoch), stored as int32
+    (shuffling an int32 array draws the same swaps as NumPy's int64 `permutation`, so
+    the order is the one runs have always had, at half the memory); above it, each
+    global batch is computed on its own from a keyed permutation
+    (`permutation.KeyedPermutation`), which a NumPy permutation cannot do: its last
+    position depends on every draw. Either way the order is a function of (seed, epoch,
+    number of samples): every rank, and a resumed run, draws the same batches."""
 
     def __init__(
         self,
@@ -28,16 +42,27 @@ class EpochPlan:
         shuffle: bool = True,
         drop_last: bool = False,
     ) -> None:
-        if shuffle:
-            order = np.random.default_rng([seed, epoch]).permutation(num_samples)
-            self.order = torch.from_numpy(order)
-        else:
-            self.order = torch.arange(num_samples)
+        self.num_samples = num_samples
         self.batch_size = batch_size
         self.num_steps = steps_per_epoch(num_samples, batch_size, drop_last)
+        self._order: np.ndarray | None = None
+        self._keyed: KeyedPermutation | None = None
+        if shuffle and num_samples <= MATERIALISED_SAMPLES:
+            self._order = np.arange(num_samples, dtype=np.int32)
+            np.random.default_rng([seed, epoch]).shuffle(self._order)
+        elif shuffle:
+            self._keyed = KeyedPermutation(num_samples, seed, epoch)
 
     def global_batch(self, step: int) -> torch.Tensor:
-        return self.order[step * self.batch_size : (step + 1) * self.batch_size]
+        start = step * self.batch_size
+        stop = min(start + self.batch_size, self.num_samples)
+        if self._order is not None:
+            batch = self._order[start:stop].astype(np.int64)
+        elif self._keyed is not None:
+            batch = self._keyed.at(start, stop)
+        else:
+            batch = np.arange(start, max(start, stop), dtype=np.int64)
+        return torch.from_numpy(batch)
 
 
 def steps_per_epoch(num_samples: int, batch_size: int, drop_last: bool) -> int:
