@@ -112,8 +112,10 @@ def main() -> None:
             step(index)
         per_step = (time.perf_counter() - started) / args.steps
         chunk = args.negatives_per_side
+        import shoal
+
         print(f"{n} triples x {2 * chunk} negatives, dim {args.dim}: "
-              f"{1000 * per_step:.2f} ms per step")  # fmt: skip
+              f"{1000 * per_step:.2f} ms per step ({Path(shoal.__file__).parent})")  # fmt: skip
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for index in range(10, 30):
                 step(index)

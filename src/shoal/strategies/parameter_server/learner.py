@@ -163,23 +163,28 @@ class ServerLearner:
         self._next: tuple[int, dict[str, Any], PendingPull] | None = None
         self._data_s = 0.0  # the step's reading of batches (its own, the next one's)
         self.total_steps: int | None = None
+        self._plan: tuple[int, EpochPlan] | None = None  # (epoch, its plan) of the prefetch
 
     @property
     def lr(self) -> float:
         return self.config.optimizer.lr
 
     def _global_batch(self, step: int) -> torch.Tensor:
+        """The global batch of `step` (the prefetch's): from the epoch's plan, made once an
+        epoch, not once a step (a plan shuffles the whole epoch's order)."""
         epoch, index = divmod(step, self.steps_per_epoch)
-        train = self.train
-        plan = EpochPlan(
-            self.task.train_size,
-            train.batch_size,
-            epoch,
-            train.seed,
-            train.shuffle,
-            train.drop_last,
-        )
-        return plan.global_batch(index)
+        if self._plan is None or self._plan[0] != epoch:
+            train = self.train
+            plan = EpochPlan(
+                self.task.train_size,
+                train.batch_size,
+                epoch,
+                train.seed,
+                train.shuffle,
+                train.drop_last,
+            )
+            self._plan = (epoch, plan)
+        return self._plan[1].global_batch(index)
 
     def _request(self, step: int, global_batch: torch.Tensor) -> tuple[dict[str, Any], PendingPull]:
         """Read the batch (timed as the step's data phase) and ask for its rows."""
