@@ -65,7 +65,7 @@ def build_task(args: Any, folder: Path) -> Any:
             "loss": {"kind": "margin_ranking", "margin": args.margin},
         },
         "strategy": {"type": "local"},
-        "train": {"batch_size": args.batch_size, "seed": args.seed},
+        "train": {"batch_size": args.batch_size, "seed": args.seed, "epochs": 1},
         "run": {"dir": str(folder), "name": "profile"},
     }
     plan = plan_job(job)

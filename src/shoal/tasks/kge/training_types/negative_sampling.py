@@ -68,10 +68,10 @@ def score_sides(
     h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
     negatives = [side.entities.reshape(-1) for side in sides]
     ids, where = torch.unique(torch.cat([h, t, *negatives]), return_inverse=True)
-    # one gather for every use, by index_select: its backward is one index_add_ (no sort,
-    # no zero-filled source per use, as three advanced-index gathers would cost)
-    used = model.entity_rows(ids).index_select(0, where)
-    head, tail = used[:n], used[n : 2 * n]
+    # one gather for every use, by index_select (backward: one index_add_, no sort), split
+    # into its uses (backward: one cat; slices would each zero-fill a gradient of it all)
+    sizes = [n, n, *(len(part) for part in negatives)]
+    head, tail, *negative_rows = model.entity_rows(ids).index_select(0, where).split(sizes)
     penalised = sample_relation_ids(model, r)
     wanted = penalised + [model.relation_ids(r, side.head) for side in sides]
     relation_ids, relation_where = torch.unique(torch.cat(wanted), return_inverse=True)
@@ -79,11 +79,8 @@ def score_sides(
     relation_parts = relation_table.index_select(0, relation_where).split(n)
     head_used, tail_used = model.drop_entities(head), model.drop_entities(tail)
     scored = []
-    offset = 2 * n
     for index, side in enumerate(sides):
-        chunks, k = side.entities.shape
-        candidates = used[offset : offset + chunks * k].view(chunks, k, -1)
-        offset += chunks * k
+        candidates = negative_rows[index].view(*side.entities.shape, -1)
         relation = model.drop_relations(relation_parts[len(penalised) + index])
         if isinstance(side.head, bool):
             anchor, target = (tail_used, head_used) if side.head else (head_used, tail_used)
