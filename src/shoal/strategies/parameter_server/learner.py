@@ -162,6 +162,7 @@ class ServerLearner:
         self.steps_per_epoch = steps_per_epoch(task.train_size, train.batch_size, train.drop_last)
         self._next: tuple[int, dict[str, Any], PendingPull] | None = None
         self._data_s = 0.0  # the step's reading of batches (its own, the next one's)
+        self._plan: tuple[int, EpochPlan] | None = None  # (epoch, its order)
         self.total_steps: int | None = None
 
     @property
@@ -169,17 +170,22 @@ class ServerLearner:
         return self.config.optimizer.lr
 
     def _global_batch(self, step: int) -> torch.Tensor:
+        """Step `step`'s global batch. Its epoch's order (a permutation of the whole
+        training set) is made once per epoch and kept: made per step, it cost more than
+        the step on graphs of millions of triples."""
         epoch, index = divmod(step, self.steps_per_epoch)
-        train = self.train
-        plan = EpochPlan(
-            self.task.train_size,
-            train.batch_size,
-            epoch,
-            train.seed,
-            train.shuffle,
-            train.drop_last,
-        )
-        return plan.global_batch(index)
+        if self._plan is None or self._plan[0] != epoch:
+            train = self.train
+            plan = EpochPlan(
+                self.task.train_size,
+                train.batch_size,
+                epoch,
+                train.seed,
+                train.shuffle,
+                train.drop_last,
+            )
+            self._plan = (epoch, plan)
+        return self._plan[1].global_batch(index)
 
     def _request(self, step: int, global_batch: torch.Tensor) -> tuple[dict[str, Any], PendingPull]:
         """Read the batch (timed as the step's data phase) and ask for its rows."""
