@@ -314,6 +314,12 @@ def pbg_model(tables: Path, data: Any) -> Any:
     relation_at = {str(label): i for i, label in enumerate(saved["relation_names"])}
     entities = [entity_at[label] for label in data.entities.labels]
     relations = [relation_at[label] for label in data.relations.labels]
+    return pbg_twin(saved, entities, relations)
+
+
+def pbg_twin(saved: Any, entities: Any = slice(None), relations: Any = slice(None)) -> Any:
+    """A TablesTransE of PBG's exported rows (`entities` and `relations` pick shoal's order;
+    all, in their order, by default)."""
     backward = -saved["rhs_translation"][relations]
     forward = saved["lhs_translation"][relations] if "lhs_translation" in saved else backward
     return TablesTransE.build(saved["entity"][entities], forward, backward)
@@ -401,9 +407,21 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main() -> None:
-    args = finish_args(build_parser(__doc__.splitlines()[0]).parse_args())
+    parser = build_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--graph",
+        choices=("fb15k-237", "synthetic"),
+        default="fb15k-237",
+        help="synthetic: kge_pbg_synthetic.py's comparison (its flags below)",
+    )
+    add_synthetic_flags = _synthetic().add_flags
+    add_synthetic_flags(parser)
+    args = finish_args(parser.parse_args())
     args.pbg_python = ensure_pbg_venv()
     if args.setup_only:
+        return
+    if args.graph == "synthetic":
+        _synthetic().run(args)
         return
     print(
         f"FB15k-237, TransE-style (L2), {args.epochs} epoch(s), {args.workers} workers each, "
@@ -448,6 +466,13 @@ def main() -> None:
                     flush=True,
                 )
     report(args, runs)
+
+
+def _synthetic() -> Any:
+    """The synthetic-graph mode's module (it imports this one)."""
+    import kge_pbg_synthetic
+
+    return kge_pbg_synthetic
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> None:
