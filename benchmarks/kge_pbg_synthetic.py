@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from kge_scale import ensure_graph, measured, memory_cell
+from kge_scale import ensure_graph, measured, memory_cell, read_peaks
 from kge_vs_pbg import pbg_run, pbg_twin, shoal_model, shoal_ps_run
 
 
@@ -95,7 +95,7 @@ def pbg_side(args: argparse.Namespace, graph: Path, edges: int, work: Path) -> d
     }
     r = pbg_run(work, args, "dynamic", "pbg-synthetic", False, settings, measured(peaks))
     r["wall_triples_per_s"] = edges / r["train_call_wall_s"]
-    r["processes"] = json.loads(peaks.read_text())
+    r.update(read_peaks(peaks))
     r["test"] = one_evaluator(pbg_twin(np.load(r["tables"])), graph, args)
     Path(r["tables"]).unlink()
     return r
@@ -114,7 +114,7 @@ def shoal_side(args: argparse.Namespace, graph: Path, edges: int, work: Path) ->
     r = shoal_ps_run(work, args, "shoal-synthetic", False, steps, measured(peaks), sections)
     r["steps"] = steps
     r["wall_triples_per_s"] = edges / r["run_wall_s"]
-    r["processes"] = json.loads(peaks.read_text())
+    r.update(read_peaks(peaks))
     r["test"] = one_evaluator(shoal_model(Path(r["embeddings"])), graph, args)
     return r
 

@@ -74,9 +74,11 @@ def ensure_graph(root: Path, entities: int, triples: int) -> Path:
     return folder
 
 
-def measured(peaks: Path) -> list[str]:
-    """The launcher prefix that samples every process's peak memory into `peaks`."""
-    return [sys.executable, str(HERE / "tree_peaks.py"), str(peaks), "--"]
+def measured(peaks: Path, limit_mb: int | None = None) -> list[str]:
+    """The launcher prefix that samples every process's peak memory into `peaks` (in a
+    memory cgroup of `limit_mb` MiB when given)."""
+    limit = ["--limit-mb", str(limit_mb)] if limit_mb else []
+    return [sys.executable, str(HERE / "tree_peaks.py"), str(peaks), *limit, "--"]
 
 
 # ---------------------------------------------------------------- shoal
@@ -115,9 +117,20 @@ def steady_rate(metrics: Path, warmup: int) -> tuple[float, int, float]:
     return sum(r["samples"] for r in kept) / seconds, kept[-1]["step"] - first, seconds
 
 
-def shoal_line(contender: str, graph: Path, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def read_peaks(peaks: Path) -> dict[str, Any]:
+    """tree_peaks.py's file: the processes, and the cgroup's entry when it ran in one."""
+    entries = json.loads(peaks.read_text()) if peaks.exists() else []
+    found: dict[str, Any] = {"processes": [e for e in entries if e["role"] != "cgroup"]}
+    for entry in entries:
+        if entry["role"] == "cgroup":
+            found["cgroup"] = entry
+    return found
+
+
+def shoal_line(
+    contender: str, graph: Path, work: Path, args: argparse.Namespace, peaks: Path
+) -> dict[str, Any]:
     name = f"{contender}-{graph.name}"
-    peaks = work / f"{name}.peaks.json"
     started = time.perf_counter()
     report = shoal_ps_run(
         work,
@@ -125,7 +138,7 @@ def shoal_line(contender: str, graph: Path, work: Path, args: argparse.Namespace
         name,
         False,
         max_steps=args.warmup + args.steps,
-        launcher=measured(peaks),
+        launcher=measured(peaks, args.limit_mb),
         sections=shoal_sections(contender, graph, work, args),
     )
     rate, steps, seconds = steady_rate(work / "runs" / name / "metrics.jsonl", args.warmup)
@@ -134,7 +147,6 @@ def shoal_line(contender: str, graph: Path, work: Path, args: argparse.Namespace
         "measured_steps": steps,
         "measured_s": seconds,
         "run_wall_s": time.perf_counter() - started,
-        "processes": json.loads(peaks.read_text()),
         "parameter_server": report.get("parameter_server"),
     }
 
@@ -142,9 +154,10 @@ def shoal_line(contender: str, graph: Path, work: Path, args: argparse.Namespace
 # ---------------------------------------------------------------- PBG
 
 
-def pbg_line(graph: Path, entities: int, work: Path, args: argparse.Namespace) -> dict[str, Any]:
+def pbg_line(
+    graph: Path, entities: int, work: Path, args: argparse.Namespace, peaks: Path
+) -> dict[str, Any]:
     parts = args.pbg_partitions.get(entities, PARTITIONS.get(entities, 16))
-    peaks = work / f"pbg-{graph.name}.peaks.json"
     settings = {
         "prepared": str(graph),
         "partitions": parts,
@@ -152,7 +165,8 @@ def pbg_line(graph: Path, entities: int, work: Path, args: argparse.Namespace) -
         "export": False,
     }
     started = time.perf_counter()
-    report = pbg_run(work, args, "dynamic", f"pbg-{graph.name}", False, settings, measured(peaks))
+    launcher = measured(peaks, args.limit_mb)
+    report = pbg_run(work, args, "dynamic", f"pbg-{graph.name}", False, settings, launcher)
     return {
         "triples_per_s": report["triples_per_s"],
         "wall_triples_per_s": args.pbg_edges / report["train_call_wall_s"],
@@ -161,7 +175,6 @@ def pbg_line(graph: Path, entities: int, work: Path, args: argparse.Namespace) -
         "measured_s": report["train_s"],
         "train_call_wall_s": report["train_call_wall_s"],
         "run_wall_s": time.perf_counter() - started,
-        "processes": json.loads(peaks.read_text()),
     }
 
 
@@ -182,9 +195,14 @@ def table(lines: list[dict[str, Any]]) -> str:
     ]
     for line in lines:
         if "error" in line:
+            group = line.get("cgroup", {})
+            why = f"failed: {line['error']}"
+            if group.get("oom_kills"):
+                why = f"does not fit: killed by the kernel at the {group['limit_mib']:,} MiB limit"
+            seen = memory_cell(line["processes"], "peak_rss_mib")
             rows.append(
-                f"| {line['entities']:,} | {line['edges']:,} | {line['contender']} | "
-                f"not run: {line['error']} | | | | |"
+                f"| {line['entities']:,} | {line['edges']:,} | {line['contender']} | {why} | "
+                f"{seen} | | | {line['load_before']:.2f} |"
             )
             continue
         rate = f"{line['triples_per_s']:,.0f}"
@@ -218,6 +236,9 @@ def parse_args() -> argparse.Namespace:
         help="ENTITIES=P,... (default 1M: 4, 5M: 8, 20M: 16)",
     )
     parser.add_argument("--reuse", type=Path, default=None, help="earlier --out file")
+    parser.add_argument(
+        "--limit-mb", type=int, default=None, help="run each contender in a memory cgroup"
+    )
     return finish_args(parser.parse_args())
 
 
@@ -238,13 +259,15 @@ def main() -> None:
                 "contender": contender,
                 "load_before": os.getloadavg()[0],
             }
+            peaks = work / "peaks.json"
             try:
                 if contender == "pbg":
-                    line.update(pbg_line(graph, entities, work, args))
+                    line.update(pbg_line(graph, entities, work, args, peaks))
                 else:
-                    line.update(shoal_line(contender, graph, work, args))
+                    line.update(shoal_line(contender, graph, work, args, peaks))
             except (RuntimeError, subprocess.CalledProcessError) as error:
                 line["error"] = str(error).strip().splitlines()[-1][:300]
+            line.update(read_peaks(peaks))
             line["load_after"] = os.getloadavg()[0]
             lines.append(line)
             print(json.dumps(line), flush=True)

@@ -61,6 +61,10 @@ a shim for its config schema on Python 3.11.
         [--pbg-relations static dynamic] [--out result.json]
 
 Needs ../shared/datasets/fb15k-237/.
+
+`--graph synthetic --entities 5000000 --edges 50000000 --pbg-partitions 8` runs the same
+two contenders on a synthetic graph of millions of entities, PBG partitioned, both
+ranked by one sampled filtered evaluator (kge_pbg_synthetic.py says how).
 """
 
 from __future__ import annotations
@@ -120,8 +124,8 @@ def pbg_run(
     crosscheck edges are imported with the data, in every round (the import is cached),
     and ranked by PBG's evaluator when `crosscheck`. `graph` trains a prepared graph
     instead (pbg_child's `prepared`, `partitions`, `train_edges`, `export`), imported
-    first in a process of its own; `launcher` prefixes the training command (a memory
-    sampler)."""
+    first and exported after in processes of their own; `launcher` prefixes the training
+    command (a memory sampler)."""
     settings = {
         "data": {s: str(DATA / f"{s}.txt.gz") for s in SPLITS},
         "work": str(work),
@@ -152,6 +156,8 @@ def pbg_run(
     _logged([*(launcher or []), *command, str(out)], log, f"PBG run {name}")
     report: dict[str, Any] = json.loads(out.read_text())
     report["process_wall_s"] = time.perf_counter() - started
+    if graph is not None and graph.get("export"):
+        _logged([*command, str(out), "--export-only"], log, f"PBG export {name}")
     return report
 
 

@@ -21,8 +21,9 @@ A prepared graph instead (settings `prepared`: a folder of `shoal kge synthesize
 training triples (all when null) into PBG's partitioned edge files once, in its own
 process so its memory is not counted against training; entity e goes to partition
 pos[e] % P at offset pos[e] // P, pos a seeded permutation (as PBG's importer places
-entities at random), relations dynamic. Training then reads them, and with `export` the
-tables are written back in shoal's id order (`entity_pos.npy` inverts the placement).
+entities at random), relations dynamic. Training then reads them, and with `export`,
+`--export-only` writes the tables back in shoal's id order, also in a process of its
+own (`entity_pos.npy` inverts the placement).
 
 Python 3.11 shim: `torchbiggraph.schema.unpack_optional` tests `type_ is
 Optional[arg]`, but `typing` caches subscripted types in an LRU cache of 128
@@ -330,7 +331,26 @@ def crosscheck(settings: dict[str, Any], config: Any, edges: dict[str, Path], in
     return {"count": flat["count"], **flat["metrics"]}
 
 
-def main(settings_path: Path, report_path: Path, import_only: bool = False) -> None:
+def checkpoint_of(settings: dict[str, Any]) -> Path:
+    return Path(settings["work"]) / f"pbg-checkpoint-{settings['name']}"
+
+
+def tables_of(settings: dict[str, Any]) -> Path:
+    return Path(settings["work"]) / f"pbg-tables-{settings['name']}.npz"
+
+
+def export_prepared(settings: dict[str, Any]) -> None:
+    """`--export-only`: the trained tables of a prepared graph, then the checkpoint removed
+    (gigabytes at scale)."""
+    checkpoint = checkpoint_of(settings)
+    folder = prepared_edges_path(settings)
+    export_partitioned(checkpoint, folder, tables_of(settings), settings["partitions"])
+    shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def main(settings_path: Path, report_path: Path, phase: str = "train") -> None:
+    """`phase`: train; import (a prepared graph's edge files, before training); export
+    (its tables, after training): separate processes, so training's memory is its own."""
     apply_schema_shim()
     from torchbiggraph.train import train
     from torchbiggraph.util import SubprocessInitializer, setup_logging
@@ -339,15 +359,18 @@ def main(settings_path: Path, report_path: Path, import_only: bool = False) -> N
     setup_logging()
     work = Path(settings["work"])
     if "prepared" in settings:
+        if phase == "export":
+            export_prepared(settings)
+            return
         entity_path = import_prepared(settings)
         edges = {"train": entity_path / "train_partitioned"}
-        if import_only:
+        if phase == "import":
             return
     else:
         mode = "dynamic" if settings["dynamic_relations"] else "static"
         entity_path = work / f"pbg-data-{mode}"
         edges = import_tsv(settings, entity_path)
-    checkpoint = work / f"pbg-checkpoint-{settings['name']}"
+    checkpoint = checkpoint_of(settings)
     shutil.rmtree(checkpoint, ignore_errors=True)  # PBG would resume from an old one
     config = pbg_config(settings, entity_path, [edges["train"]], checkpoint)
     init = SubprocessInitializer()
@@ -365,13 +388,11 @@ def main(settings_path: Path, report_path: Path, import_only: bool = False) -> N
         "train_s": seconds,
         "epochs_s": [s for _, s in times.epochs],
         "train_call_wall_s": wall,
-        "tables": str(work / f"pbg-tables-{settings['name']}.npz"),
+        "tables": str(tables_of(settings)),
     }
     if "prepared" in settings:
-        if settings["export"]:
-            parts = settings["partitions"]
-            export_partitioned(checkpoint, entity_path, Path(report["tables"]), parts)
-        shutil.rmtree(checkpoint, ignore_errors=True)  # gigabytes at scale
+        if not settings["export"]:
+            shutil.rmtree(checkpoint, ignore_errors=True)  # gigabytes at scale
     else:
         report["checkpoint_parameters"] = export_tables(
             checkpoint, entity_path, Path(report["tables"]), settings["dynamic_relations"]
@@ -384,4 +405,5 @@ def main(settings_path: Path, report_path: Path, import_only: bool = False) -> N
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]), "--import-only" in sys.argv[3:])
+    phases = {"--import-only": "import", "--export-only": "export"}
+    main(Path(sys.argv[1]), Path(sys.argv[2]), phases.get(" ".join(sys.argv[3:]), "train"))

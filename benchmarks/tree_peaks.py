@@ -1,6 +1,6 @@
 """Peak memory of every process of a command's tree: run as a launcher prefix.
 
-    .venv/bin/python benchmarks/tree_peaks.py OUT.json -- COMMAND [ARGS...]
+    .venv/bin/python benchmarks/tree_peaks.py OUT.json [--limit-mb N] -- COMMAND [ARGS...]
 
 Starts COMMAND, and every `--every` seconds reads /proc/PID/status of it and of all its
 descendants (shoal's launcher, its forkserver, workers, dedicated servers; PBG's parent
@@ -11,14 +11,23 @@ memory-mapped files and shared memory that VmHWM also counts in each process tha
 touches them). Writes one entry per process to OUT.json and exits with COMMAND's status,
 so benchmarks prefix their command with it (kge_vs_pykeen's and kge_vs_pbg's runners
 take such a `launcher`).
+
+`--limit-mb N` runs the tree in a fresh cgroup v1 memory controller limited to N MiB
+(root only, as kge_out_of_core.py): a contender that does not fit is killed by the
+kernel there, not by the machine's OOM killer among other people's jobs. The entry
+`{"role": "cgroup", ...}` then gives the limit, the group's peak and its OOM kills.
 """
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -102,14 +111,53 @@ class TreePeaks:
         ]
 
 
+CGROUP = Path("/sys/fs/cgroup/memory")
+
+
+def limited(limit_mb: int) -> tuple[Path, Callable[[], None]]:
+    """A fresh memory cgroup of `limit_mb` MiB, and a preexec_fn that joins it."""
+    group = CGROUP / f"shoal-tree-peaks-{os.getpid()}"
+    group.mkdir()
+    (group / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
+    return group, lambda: (group / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def cgroup_entry(group: Path, limit_mb: int) -> dict[str, Any]:
+    oom = (group / "memory.oom_control").read_text()
+    entry = {
+        "role": "cgroup",
+        "limit_mib": limit_mb,
+        "peak_mib": int((group / "memory.max_usage_in_bytes").read_text()) / 2**20,
+        "oom_kills": int(oom.split("oom_kill ")[1].split()[0]) if "oom_kill " in oom else None,
+    }
+    for pid in (group / "cgroup.procs").read_text().split():  # nothing of the tree left
+        os.kill(int(pid), signal.SIGKILL)
+    for _ in range(50):  # the group empties once its last process is reaped
+        try:
+            group.rmdir()
+            break
+        except OSError:
+            time.sleep(0.1)
+    return entry
+
+
 def main() -> None:
-    if len(sys.argv) < 4 or sys.argv[2] != "--":
-        sys.exit("usage: tree_peaks.py OUT.json -- COMMAND [ARGS...]")
-    out, command = Path(sys.argv[1]), sys.argv[3:]
-    child = subprocess.Popen(command)
+    args = sys.argv[1:]
+    limit_mb = None
+    if len(args) > 2 and args[1] == "--limit-mb":
+        limit_mb = int(args.pop(2))
+        args.pop(1)
+    if len(args) < 3 or args[1] != "--":
+        sys.exit("usage: tree_peaks.py OUT.json [--limit-mb N] -- COMMAND [ARGS...]")
+    out, command = Path(args[0]), args[2:]
+    group, join = limited(limit_mb) if limit_mb else (None, None)
+    child = subprocess.Popen(command, preexec_fn=join)
     peaks = TreePeaks(child.pid)
     code = child.wait()
-    out.write_text(json.dumps(peaks.stop(), indent=1))
+    entries = peaks.stop()
+    if group is not None and limit_mb is not None:
+        entries.append(cgroup_entry(group, limit_mb))
+    out.write_text(json.dumps(entries, indent=1))
     sys.exit(code)
 
 
