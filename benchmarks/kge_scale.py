@@ -131,24 +131,34 @@ def shoal_line(
     contender: str, graph: Path, work: Path, args: argparse.Namespace, peaks: Path
 ) -> dict[str, Any]:
     name = f"{contender}-{graph.name}"
+    metrics = work / "runs" / name / "metrics.jsonl"
     started = time.perf_counter()
-    report = shoal_ps_run(
-        work,
-        args,
-        name,
-        False,
-        max_steps=args.warmup + args.steps,
-        launcher=measured(peaks, args.limit_mb),
-        sections=shoal_sections(contender, graph, work, args),
-    )
-    rate, steps, seconds = steady_rate(work / "runs" / name / "metrics.jsonl", args.warmup)
-    return {
+    ended = None
+    try:
+        report = shoal_ps_run(
+            work,
+            args,
+            name,
+            False,
+            max_steps=args.warmup + args.steps,
+            launcher=measured(peaks, args.limit_mb),
+            sections=shoal_sections(contender, graph, work, args),
+        )
+    except RuntimeError as error:  # killed after the measured steps: the rate still counts
+        if not metrics.exists() or steady_rate(metrics, 0)[1] < args.warmup + args.steps:
+            raise
+        report, ended = {}, str(error).strip().splitlines()[-1][:300]
+    rate, steps, seconds = steady_rate(metrics, args.warmup)
+    line = {
         "triples_per_s": rate,
         "measured_steps": steps,
         "measured_s": seconds,
         "run_wall_s": time.perf_counter() - started,
         "parameter_server": report.get("parameter_server"),
     }
+    if ended:
+        line["ended_after_measuring"] = ended
+    return line
 
 
 # ---------------------------------------------------------------- PBG
@@ -206,6 +216,9 @@ def table(lines: list[dict[str, Any]]) -> str:
             )
             continue
         rate = f"{line['triples_per_s']:,.0f}"
+        if "ended_after_measuring" in line:
+            rate += " (then killed at the end of the run"
+            rate += f", {line['cgroup']['limit_mib']:,} MiB limit)" if "cgroup" in line else ")"
         if "wall_triples_per_s" in line:
             rate += f" ({line['wall_triples_per_s']:,.0f} with swaps, P={line['partitions']})"
         total = sum(p["peak_rss_mib"] for p in line["processes"])
