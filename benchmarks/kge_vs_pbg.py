@@ -61,6 +61,10 @@ a shim for its config schema on Python 3.11.
         [--pbg-relations static dynamic] [--out result.json]
 
 Needs ../shared/datasets/fb15k-237/.
+
+`--graph synthetic --entities 5000000 --edges 50000000 --pbg-partitions 8` runs the same
+two contenders on a synthetic graph of millions of entities, PBG partitioned, both
+ranked by one sampled filtered evaluator (kge_pbg_synthetic.py says how).
 """
 
 from __future__ import annotations
@@ -108,11 +112,20 @@ def ensure_pbg_venv(path: Path = PBG_VENV) -> Path:
 
 
 def pbg_run(
-    work: Path, args: argparse.Namespace, relations: str, name: str, crosscheck: bool
+    work: Path,
+    args: argparse.Namespace,
+    relations: str,
+    name: str,
+    crosscheck: bool,
+    graph: dict[str, Any] | None = None,
+    launcher: list[str] | None = None,
 ) -> dict[str, Any]:
     """One PBG training run in its venv (pbg_child.py); the report it writes. The
     crosscheck edges are imported with the data, in every round (the import is cached),
-    and ranked by PBG's evaluator when `crosscheck`."""
+    and ranked by PBG's evaluator when `crosscheck`. `graph` trains a prepared graph
+    instead (pbg_child's `prepared`, `partitions`, `train_edges`, `export`), imported
+    first and exported after in processes of their own; `launcher` prefixes the training
+    command (a memory sampler)."""
     settings = {
         "data": {s: str(DATA / f"{s}.txt.gz") for s in SPLITS},
         "work": str(work),
@@ -131,35 +144,35 @@ def pbg_run(
         "workers": args.workers,
         "crosscheck": args.crosscheck,
         "run_crosscheck": crosscheck,
+        **(graph or {}),
     }
     path, out = work / f"{name}.settings.json", work / f"{name}.report.json"
     path.write_text(json.dumps(settings))
     log = work / f"{name}.log"
+    command = [str(args.pbg_python), "-W", "ignore", str(HERE / "pbg_child.py"), str(path)]
+    if graph is not None:
+        _logged([*command, str(out), "--import-only"], log, f"PBG import {name}")
     started = time.perf_counter()
-    with log.open("w") as sink:
-        done = subprocess.run(
-            [str(args.pbg_python), "-W", "ignore", str(HERE / "pbg_child.py"), str(path), str(out)],
-            stdout=sink,
-            stderr=subprocess.STDOUT,
-        )
-    if done.returncode:
-        tail = log.read_text()[-3000:]
-        raise RuntimeError(f"PBG run {name} failed (exit {done.returncode}):\n{tail}")
+    _logged([*(launcher or []), *command, str(out)], log, f"PBG run {name}")
     report: dict[str, Any] = json.loads(out.read_text())
     report["process_wall_s"] = time.perf_counter() - started
+    if graph is not None and graph.get("export"):
+        _logged([*command, str(out), "--export-only"], log, f"PBG export {name}")
     return report
 
 
-def shoal_ps_run(
-    work: Path,
-    args: argparse.Namespace,
-    name: str,
-    evaluate: bool,
-    max_steps: int | None = None,
-    launcher: list[str] | None = None,
-) -> dict[str, Any]:
-    """One shoal parameter-server run at the matching settings (kge_vs_pykeen's runner)."""
-    runner_args = argparse.Namespace(
+def _logged(command: list[str], log: Path, what: str) -> None:
+    """Run `command` with its output appended to `log`; its tail in the error if it fails."""
+    with log.open("a") as sink:
+        done = subprocess.run(command, stdout=sink, stderr=subprocess.STDOUT)
+    if done.returncode:
+        tail = log.read_text()[-3000:]
+        raise RuntimeError(f"{what} failed (exit {done.returncode}):\n{tail}")
+
+
+def runner_args(args: argparse.Namespace, threads: int = 1) -> argparse.Namespace:
+    """kge_vs_pykeen's `shoal_run` settings at the matching values."""
+    return argparse.Namespace(
         dim=args.dim,
         p=2,
         negatives=2 * args.negatives_per_side,
@@ -167,10 +180,14 @@ def shoal_ps_run(
         epochs=args.epochs,
         batch_size=args.workers * args.batch_size,  # global: batch_size per worker per push
         seed=args.seed,
-        shoal_lr=args.lr,  # unused: the servers' optimizer applies the rows
-        threads=1,
+        shoal_lr=args.lr,  # unused where an optimizer section is given
+        threads=threads,
     )
-    strategy = {
+
+
+def ps_strategy(args: argparse.Namespace) -> dict[str, Any]:
+    """The parameter server at PBG's settings: row-wise Adagrad, async, co-located."""
+    return {
         "type": "parameter_server",
         "num_workers": args.workers,
         "num_servers": args.servers,
@@ -180,7 +197,11 @@ def shoal_ps_run(
         "optimizer": {"kind": "adagrad", "lr": args.lr},
         "barrier_timeout_s": 240.0,
     }
-    task = {
+
+
+def pbg_like_task(args: argparse.Namespace) -> dict[str, Any]:
+    """shoal's task sections that match PBG's model (see the module docstring)."""
+    return {
         "model": {
             "type": "transe",
             "p": 2,
@@ -195,10 +216,38 @@ def shoal_ps_run(
         "loss": {"kind": "margin_ranking", "margin": args.margin},
         "evaluation": {"batch_size": 256},
     }
-    overrides: dict[str, dict[str, Any]] = {"task": task, "run": {"name": name}}
+
+
+def shoal_ps_run(
+    work: Path,
+    args: argparse.Namespace,
+    name: str,
+    evaluate: bool,
+    max_steps: int | None = None,
+    launcher: list[str] | None = None,
+    sections: dict[str, dict[str, Any]] | None = None,
+) -> dict[str, Any]:
+    """One shoal parameter-server run at the matching settings (kge_vs_pykeen's runner);
+    `sections` merge into the task, strategy, train, ... sections (a prepared graph's data,
+    `shard_dir`, ...), or with `strategy = {}` train `local`."""
+    sections = sections or {}
+    strategy = {**ps_strategy(args), **sections.get("strategy", {})}
+    overrides = {k: v for k, v in sections.items() if k != "strategy"}
+    overrides["run"] = {**sections.get("run", {}), "name": name}
+    overrides["task"] = {**pbg_like_task(args), **sections.get("task", {})}
     if max_steps is not None:
-        overrides["train"] = {"max_steps": max_steps}
-    report = shoal_run(work, runner_args, 0, evaluate, strategy, overrides, launcher)
+        overrides["train"] = {**overrides.get("train", {}), "max_steps": max_steps}
+    threads = overrides.get("run", {}).get("threads_per_worker", 1)
+    local = "strategy" in sections and not sections["strategy"]
+    report = shoal_run(
+        work,
+        runner_args(args, threads),
+        0,
+        evaluate,
+        None if local else strategy,
+        overrides,
+        launcher,
+    )
     report["embeddings"] = str(work / "runs" / name / "embeddings")
     return report
 
@@ -271,6 +320,12 @@ def pbg_model(tables: Path, data: Any) -> Any:
     relation_at = {str(label): i for i, label in enumerate(saved["relation_names"])}
     entities = [entity_at[label] for label in data.entities.labels]
     relations = [relation_at[label] for label in data.relations.labels]
+    return pbg_twin(saved, entities, relations)
+
+
+def pbg_twin(saved: Any, entities: Any = slice(None), relations: Any = slice(None)) -> Any:
+    """A TablesTransE of PBG's exported rows (`entities` and `relations` pick shoal's order;
+    all, in their order, by default)."""
     backward = -saved["rhs_translation"][relations]
     forward = saved["lhs_translation"][relations] if "lhs_translation" in saved else backward
     return TablesTransE.build(saved["entity"][entities], forward, backward)
@@ -358,9 +413,21 @@ def finish_args(args: argparse.Namespace) -> argparse.Namespace:
 
 
 def main() -> None:
-    args = finish_args(build_parser(__doc__.splitlines()[0]).parse_args())
+    parser = build_parser(__doc__.splitlines()[0])
+    parser.add_argument(
+        "--graph",
+        choices=("fb15k-237", "synthetic"),
+        default="fb15k-237",
+        help="synthetic: kge_pbg_synthetic.py's comparison (its flags below)",
+    )
+    add_synthetic_flags = _synthetic().add_flags
+    add_synthetic_flags(parser)
+    args = finish_args(parser.parse_args())
     args.pbg_python = ensure_pbg_venv()
     if args.setup_only:
+        return
+    if args.graph == "synthetic":
+        _synthetic().run(args)
         return
     print(
         f"FB15k-237, TransE-style (L2), {args.epochs} epoch(s), {args.workers} workers each, "
@@ -405,6 +472,13 @@ def main() -> None:
                     flush=True,
                 )
     report(args, runs)
+
+
+def _synthetic() -> Any:
+    """The synthetic-graph mode's module (it imports this one)."""
+    import kge_pbg_synthetic
+
+    return kge_pbg_synthetic
 
 
 def report(args: argparse.Namespace, runs: dict[str, list[dict[str, Any]]]) -> None:

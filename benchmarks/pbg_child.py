@@ -16,6 +16,15 @@ the whole `train()` call; with `run_crosscheck`, also PBG's own filtered ranking
 the first `crosscheck` test triples (dynamic relations only: its evaluator needs
 them), to check the export against shoal's evaluator.
 
+A prepared graph instead (settings `prepared`: a folder of `shoal kge synthesize`, whose
+`train.npy` NumPy reads without shoal): `--import-only` writes the first `train_edges`
+training triples (all when null) into PBG's partitioned edge files once, in its own
+process so its memory is not counted against training; entity e goes to partition
+pos[e] % P at offset pos[e] // P, pos a seeded permutation (as PBG's importer places
+entities at random), relations dynamic. Training then reads them, and with `export`,
+`--export-only` writes the tables back in shoal's id order, also in a process of its
+own (`entity_pos.npy` inverts the placement).
+
 Python 3.11 shim: `torchbiggraph.schema.unpack_optional` tests `type_ is
 Optional[arg]`, but `typing` caches subscripted types in an LRU cache of 128
 entries, so once enough typing objects were built the two are equal but not
@@ -116,6 +125,89 @@ def import_tsv(settings: dict[str, Any], entity_path: Path) -> dict[str, Path]:
     return edges
 
 
+PREPARED_BLOCK = 1 << 22
+
+
+def prepared_edges_path(settings: dict[str, Any]) -> Path:
+    """PBG's import of a prepared graph, cached beside it per partitions and edge count."""
+    edges = settings["train_edges"] or "all"
+    return Path(settings["prepared"]) / f"pbg-{settings['partitions']}p-{edges}e"
+
+
+def import_prepared(settings: dict[str, Any]) -> Path:
+    """Entity counts, placement and bucketed training edges of a prepared graph, in PBG's
+    file formats (h5 edges with `lhs`, `rhs`, `rel`); the folder (see the module docstring)."""
+    import h5py
+    import numpy as np
+    from torchbiggraph.graph_storages import FORMAT_VERSION, FORMAT_VERSION_ATTR
+
+    folder = prepared_edges_path(settings)
+    if (folder / "imported").exists():
+        return folder
+    shutil.rmtree(folder, ignore_errors=True)
+    edges_dir = folder / "train_partitioned"
+    edges_dir.mkdir(parents=True)
+    manifest = json.loads((Path(settings["prepared"]) / "manifest.json").read_text())
+    entities, parts = int(manifest["entities"]), settings["partitions"]
+    pos = np.random.default_rng(0).permutation(entities)
+    np.save(folder / "entity_pos.npy", pos)
+    for p in range(parts):
+        (folder / f"entity_count_all_{p}.txt").write_text(f"{len(range(p, entities, parts))}\n")
+    (folder / "dynamic_rel_count.txt").write_text(f"{manifest['relations']}\n")
+    train = np.load(Path(settings["prepared"]) / "train.npy", mmap_mode="r")
+    total = len(train) if settings["train_edges"] is None else settings["train_edges"]
+    files = {}
+    for lhs_p in range(parts):
+        for rhs_p in range(parts):
+            hf = h5py.File(edges_dir / f"edges_{lhs_p}_{rhs_p}.h5", "w")
+            hf.attrs[FORMAT_VERSION_ATTR] = FORMAT_VERSION
+            for name in ("lhs", "rhs", "rel"):
+                hf.create_dataset(name, (0,), "int64", maxshape=(None,), chunks=(1 << 16,))
+            files[lhs_p, rhs_p] = hf
+    for start in range(0, total, PREPARED_BLOCK):
+        block = np.asarray(train[start : min(start + PREPARED_BLOCK, total)])
+        head, tail = pos[block[:, 0]], pos[block[:, 2]]
+        bucket = (head % parts) * parts + tail % parts
+        order = np.argsort(bucket, kind="stable")
+        bounds = np.searchsorted(bucket[order], np.arange(parts * parts + 1))
+        for b in range(parts * parts):
+            rows = order[bounds[b] : bounds[b + 1]]
+            hf = files[divmod(b, parts)]
+            for name, values in (
+                ("lhs", head[rows] // parts),
+                ("rhs", tail[rows] // parts),
+                ("rel", block[rows, 1]),
+            ):
+                dataset = hf[name]
+                dataset.resize((len(dataset) + len(rows),))
+                dataset[len(dataset) - len(rows) :] = values
+    for hf in files.values():
+        hf.close()
+    (folder / "imported").write_text(f"{total} edges\n")
+    return folder
+
+
+def export_partitioned(checkpoint: Path, folder: Path, out: Path, parts: int) -> None:
+    """The partitioned entity table in shoal's id order, and the relation operators."""
+    import h5py
+    import numpy as np
+
+    version = int((checkpoint / "checkpoint_version.txt").read_text().strip())
+    pos = np.load(folder / "entity_pos.npy")
+    at = np.argsort(pos)  # the entity at each position
+    table = None
+    for p in range(parts):
+        with h5py.File(checkpoint / f"embeddings_all_{p}.v{version}.h5", "r") as hf:
+            rows = np.asarray(hf["embeddings"][...])
+        if table is None:
+            table = np.empty((len(pos), rows.shape[1]), dtype=rows.dtype)
+        table[at[p::parts]] = rows
+    with h5py.File(checkpoint / f"model.v{version}.h5", "r") as hf:
+        rhs = np.asarray(hf["model/relations/0/operator/rhs/translations"][...])
+        lhs = np.asarray(hf["model/relations/0/operator/lhs/translations"][...])
+    np.savez(out, entity=table, rhs_translation=rhs, lhs_translation=lhs)
+
+
 def relation_labels(settings: dict[str, Any]) -> list[str]:
     """The relation labels of the training file, sorted (static mode: one PBG relation each)."""
     labels = set()
@@ -133,7 +225,7 @@ def pbg_config(
     from torchbiggraph.config import ConfigSchema
 
     operator = settings["operator"]
-    dynamic = settings["dynamic_relations"]
+    dynamic = settings["dynamic_relations"] or "prepared" in settings
     if dynamic:
         relations = [{"name": "all", "lhs": "all", "rhs": "all", "operator": operator}]
     else:
@@ -146,7 +238,7 @@ def pbg_config(
             "entity_path": str(entity_path),
             "edge_paths": [str(p) for p in edge_paths],
             "checkpoint_path": str(checkpoint),
-            "entities": {"all": {"num_partitions": 1}},
+            "entities": {"all": {"num_partitions": settings.get("partitions", 1)}},
             "relations": relations,
             "dynamic_relations": dynamic,
             "dimension": settings["dim"],
@@ -239,7 +331,26 @@ def crosscheck(settings: dict[str, Any], config: Any, edges: dict[str, Path], in
     return {"count": flat["count"], **flat["metrics"]}
 
 
-def main(settings_path: Path, report_path: Path) -> None:
+def checkpoint_of(settings: dict[str, Any]) -> Path:
+    return Path(settings["work"]) / f"pbg-checkpoint-{settings['name']}"
+
+
+def tables_of(settings: dict[str, Any]) -> Path:
+    return Path(settings["work"]) / f"pbg-tables-{settings['name']}.npz"
+
+
+def export_prepared(settings: dict[str, Any]) -> None:
+    """`--export-only`: the trained tables of a prepared graph, then the checkpoint removed
+    (gigabytes at scale)."""
+    checkpoint = checkpoint_of(settings)
+    folder = prepared_edges_path(settings)
+    export_partitioned(checkpoint, folder, tables_of(settings), settings["partitions"])
+    shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+def main(settings_path: Path, report_path: Path, phase: str = "train") -> None:
+    """`phase`: train; import (a prepared graph's edge files, before training); export
+    (its tables, after training): separate processes, so training's memory is its own."""
     apply_schema_shim()
     from torchbiggraph.train import train
     from torchbiggraph.util import SubprocessInitializer, setup_logging
@@ -247,10 +358,19 @@ def main(settings_path: Path, report_path: Path) -> None:
     settings = json.loads(settings_path.read_text())
     setup_logging()
     work = Path(settings["work"])
-    mode = "dynamic" if settings["dynamic_relations"] else "static"
-    entity_path = work / f"pbg-data-{mode}"
-    edges = import_tsv(settings, entity_path)
-    checkpoint = work / f"pbg-checkpoint-{settings['name']}"
+    if "prepared" in settings:
+        if phase == "export":
+            export_prepared(settings)
+            return
+        entity_path = import_prepared(settings)
+        edges = {"train": entity_path / "train_partitioned"}
+        if phase == "import":
+            return
+    else:
+        mode = "dynamic" if settings["dynamic_relations"] else "static"
+        entity_path = work / f"pbg-data-{mode}"
+        edges = import_tsv(settings, entity_path)
+    checkpoint = checkpoint_of(settings)
     shutil.rmtree(checkpoint, ignore_errors=True)  # PBG would resume from an old one
     config = pbg_config(settings, entity_path, [edges["train"]], checkpoint)
     init = SubprocessInitializer()
@@ -268,11 +388,15 @@ def main(settings_path: Path, report_path: Path) -> None:
         "train_s": seconds,
         "epochs_s": [s for _, s in times.epochs],
         "train_call_wall_s": wall,
-        "tables": str(work / f"pbg-tables-{settings['name']}.npz"),
+        "tables": str(tables_of(settings)),
     }
-    report["checkpoint_parameters"] = export_tables(
-        checkpoint, entity_path, Path(report["tables"]), settings["dynamic_relations"]
-    )
+    if "prepared" in settings:
+        if not settings["export"]:
+            shutil.rmtree(checkpoint, ignore_errors=True)  # gigabytes at scale
+    else:
+        report["checkpoint_parameters"] = export_tables(
+            checkpoint, entity_path, Path(report["tables"]), settings["dynamic_relations"]
+        )
     if settings["run_crosscheck"] and settings["dynamic_relations"]:
         started = time.perf_counter()
         report["crosscheck"] = crosscheck(settings, config, edges, init)
@@ -281,4 +405,5 @@ def main(settings_path: Path, report_path: Path) -> None:
 
 
 if __name__ == "__main__":
-    main(Path(sys.argv[1]), Path(sys.argv[2]))
+    phases = {"--import-only": "import", "--export-only": "export"}
+    main(Path(sys.argv[1]), Path(sys.argv[2]), phases.get(" ".join(sys.argv[3:]), "train"))

@@ -20,7 +20,8 @@ compute_s and comm_s, the time blocked on pulled rows) and the servers' apply an
 hold times (results.json). py-spy must be installed in this venv
 (`.venv/bin/pip install py-spy`; it needs ptrace, as root or with CAP_SYS_PTRACE).
 
-    .venv/bin/python benchmarks/ps_profile.py [--steps 200] [kge_vs_pbg.py's flags]
+    .venv/bin/python benchmarks/ps_profile.py [--steps 200] [--prepared FOLDER] \
+        [kge_vs_pbg.py's flags]
 """
 
 from __future__ import annotations
@@ -126,6 +127,9 @@ def main() -> None:
     parser.add_argument("--rate", type=int, default=100, help="py-spy samples per second")
     parser.add_argument("--keep", type=Path, default=None, help="copy py-spy's raw output here")
     parser.add_argument("--raw", type=Path, default=None, help="only sort a kept raw output")
+    parser.add_argument(
+        "--prepared", type=Path, default=None, help="train this prepared graph, not FB15k-237"
+    )
     args = finish_args(parser.parse_args())
     if args.raw:
         print_breakdown(breakdown(args.raw, args.rate))
@@ -135,7 +139,13 @@ def main() -> None:
         raw = work / "pyspy.txt"
         spy = [str(BIN / "py-spy"), "record", "--subprocesses", "--threads", "--format", "raw"]
         spy += ["-r", str(args.rate), "-o", str(raw), "--"]
-        run = shoal_ps_run(work, args, "profile", False, args.steps, spy)
+        sections = None
+        if args.prepared:  # a graph of millions: its end-of-run test sampled and short
+            evaluation = {"ranking": "sampled", "max_triples": 64}
+            sections = {
+                "task": {"data": {"prepared": str(args.prepared)}, "evaluation": evaluation}
+            }
+        run = shoal_ps_run(work, args, "profile", False, args.steps, spy, sections)
         root = work / "runs" / "profile"
         records = [json.loads(x) for x in (root / "metrics.jsonl").read_text().splitlines()]
         steps = [r for r in records if r["event"] == "train"]

@@ -162,16 +162,17 @@ class ServerLearner:
         self.steps_per_epoch = steps_per_epoch(task.train_size, train.batch_size, train.drop_last)
         self._next: tuple[int, dict[str, Any], PendingPull] | None = None
         self._data_s = 0.0  # the step's reading of batches (its own, the next one's)
+        self._plan: tuple[int, EpochPlan] | None = None  # (epoch, its order)
         self.total_steps: int | None = None
-        self._plan: tuple[int, EpochPlan] | None = None  # (epoch, its plan) of the prefetch
 
     @property
     def lr(self) -> float:
         return self.config.optimizer.lr
 
     def _global_batch(self, step: int) -> torch.Tensor:
-        """The global batch of `step` (the prefetch's): from the epoch's plan, made once an
-        epoch, not once a step (a plan shuffles the whole epoch's order)."""
+        """Step `step`'s global batch. Its epoch's order (a permutation of the whole
+        training set) is made once per epoch and kept: made per step, it cost more than
+        the step on graphs of millions of triples."""
         epoch, index = divmod(step, self.steps_per_epoch)
         if self._plan is None or self._plan[0] != epoch:
             train = self.train
