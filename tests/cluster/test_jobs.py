@@ -58,6 +58,9 @@ def _check_hosts(run_log: str, cluster: Cluster) -> None:
     assert expected in run_log, run_log
 
 
+# 10 s; make test keeps two hosts (test_slurm_step_two_hosts_without_torchrun) and torchrun
+# against shoal's launcher (tests/launch/test_torchrun.py)
+@pytest.mark.slow
 def test_torchrun_two_hosts_hierarchical_equals_one_process(
     make_cluster: Callable[..., Cluster], tmp_path: Path, one_process: dict[str, Any]
 ) -> None:

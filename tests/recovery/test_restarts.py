@@ -19,6 +19,9 @@ from tests.hostile.jobs import finish, no_worker_left, start, wait_for, write_jo
 from tests.recovery.chaos import assert_identical, chaos_job, current_step, events, strike
 
 
+# 16 s; make test keeps a restart that resumes exactly (tests/hostile/test_signals.py
+# test_a_stopped_run_resumes_exactly, tests/checkpoint/test_resume.py, test_snapshots.py)
+@pytest.mark.slow
 def test_a_data_parallel_job_killed_twice_ends_bit_identical(tmp_path: Path) -> None:
     # 15 epochs (930 steps): after the first restart the job must outlive the checks below
     # (a `shoal status` process among them) before the second strike; at 5 epochs it could
