@@ -93,7 +93,7 @@ class SharedStorage:
 
     def __init__(self, parent: Path, label: str) -> None:
         parent.mkdir(parents=True, exist_ok=True)
-        self.folder = Path(_make_folder(parent, label))
+        self.folder = Path(tempfile.mkdtemp(prefix=f"shoal-{label}-", dir=parent))
         self.bytes = 0
         self.files: list[tuple[str, tuple[int, ...]]] = []
         self.lock = ShardLock(self.folder / "lock")
@@ -139,10 +139,6 @@ def remove(folder: Path, files: list[str]) -> None:
         (folder / name).unlink(missing_ok=True)
     with suppress(OSError):  # not empty: left as it is
         folder.rmdir()
-
-
-def _make_folder(parent: Path, label: str) -> str:
-    return tempfile.mkdtemp(prefix=f"shoal-{label}-", dir=parent)
 
 
 def room_for(folder: Path, nbytes: int) -> bool:
