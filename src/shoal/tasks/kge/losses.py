@@ -54,6 +54,10 @@ class KGELoss(ABC):
 
     config_class: ClassVar[type[LossOptions]] = LossOptions
 
+    #: whether training may compile `sampled` with the model's scoring (`compiled_scoring.py`):
+    #: plain torch ops, no state changed
+    compiled_scoring: ClassVar[bool] = False
+
     def __init__(self, config: Any) -> None:
         self.config = config
 
@@ -74,6 +78,7 @@ class MarginRankingLoss(KGELoss):
     """sum_k w_k max(0, margin - s_pos + s_k)   (TransE's loss)."""
 
     config_class = MarginRankingLossConfig
+    compiled_scoring = True
 
     def sampled(self, positive: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
         weights = negative_weights(negatives, self.config.adversarial_temperature)
@@ -86,6 +91,7 @@ class LogisticLoss(KGELoss):
     self-adversarial weights; DistMult's/ComplEx's with gamma = 0)."""
 
     config_class = LogisticLossConfig
+    compiled_scoring = True
 
     def sampled(self, positive: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
         weights = negative_weights(negatives, self.config.adversarial_temperature)
@@ -103,6 +109,7 @@ class SoftmaxLoss(KGELoss):
     """
 
     config_class = SoftmaxLossConfig
+    compiled_scoring = True
 
     def sampled(self, positive: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
         logits = torch.cat([positive[:, None], negatives], dim=-1)
@@ -121,6 +128,7 @@ class BCELoss(KGELoss):
     """
 
     config_class = BCELossConfig
+    compiled_scoring = True
 
     def sampled(self, positive: torch.Tensor, negatives: torch.Tensor) -> torch.Tensor:
         shift = self.config.offset

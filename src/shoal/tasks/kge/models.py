@@ -115,6 +115,9 @@ class KGEModel(nn.Module, ABC):
     #: what `model.json` says of the exported embeddings
     formula: ClassVar[str] = "see the model's documentation"
     layout: ClassVar[str] = "real rows of width dim"
+    #: whether training may compile this model's side scoring (`compiled_scoring.py`): its
+    #: queries and matches are plain torch ops, with no state changed while scoring
+    compiled_scoring: ClassVar[bool] = False
 
     @classmethod
     def from_config(
@@ -300,6 +303,7 @@ class TransE(KGEModel):
     """
 
     config_class = TransEConfig
+    compiled_scoring = True
     formula = "-||h + r - t||_p"
     layout = "real rows of width dim"
 
@@ -349,6 +353,7 @@ class DistMult(KGEModel):
     """
 
     config_class: ClassVar[type[ModelOptions]] = DistMultConfig
+    compiled_scoring = True
     formula = "sum_i h_i r_i t_i"
     layout = "real rows of width dim"
 

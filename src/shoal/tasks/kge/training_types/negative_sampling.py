@@ -8,12 +8,15 @@ i // chunk_size, which for a chunk is one (chunk_size x width) x (width x K) pro
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 
+from shoal.tasks.kge import compiled_scoring
 from shoal.tasks.kge.config import KGETaskConfig
+from shoal.tasks.kge.losses import KGELoss
 from shoal.tasks.kge.models import KGEModel
 from shoal.tasks.kge.sampling import NegativeSampler, SideNegatives
 from shoal.tasks.kge.training_types.base import TrainingType, sample_relation_ids
@@ -52,18 +55,35 @@ class NegativeSampling(TrainingType):
     def scored_loss(
         self, model: KGEModel, batch: dict[str, Any]
     ) -> tuple[torch.Tensor, list[torch.Tensor], list[torch.Tensor]]:
-        scored, entities, relations = score_sides(
-            model, batch["triples"], batch["sides"], self.config.negatives.chunk_size
-        )
-        losses = [self.loss_fn.sampled(pos, neg) for pos, neg in scored]
-        return torch.stack(losses).sum(dim=0), entities, relations
+        scored, entities, relations = score_sides(model, batch["triples"], batch["sides"])
+        tensors = [scored.head, scored.tail, *scored.relations, *scored.candidates]
+        heads = [h for h in scored.heads if isinstance(h, torch.Tensor)]
+        losses = compiled_scoring.call(
+            side_losses, model, self.loss_fn, tensors + heads,
+            scored.head, scored.tail, scored.relations, scored.candidates, scored.heads,
+            self.config.negatives.chunk_size,
+        )  # fmt: skip
+        return losses, entities, relations
+
+
+@dataclass
+class ScoredRows:
+    """What a batch's sides are scored from: the rows as the score reads them (dropout
+    applied), per side its relation rows, its negatives' rows (chunks, K, width) and which
+    side it corrupts (True: heads, False: tails, or one bool per positive)."""
+
+    head: torch.Tensor
+    tail: torch.Tensor
+    relations: list[torch.Tensor]
+    candidates: list[torch.Tensor]
+    heads: list[bool | torch.Tensor]
 
 
 def score_sides(
-    model: KGEModel, triples: torch.Tensor, sides: list[SideNegatives], chunk_size: int
-) -> tuple[list[tuple[torch.Tensor, torch.Tensor]], list[torch.Tensor], list[torch.Tensor]]:
-    """Per side: scores of the positives (n,) and of their negatives (n, K); then the entity
-    and relation rows each positive uses (before dropout), for regularization."""
+    model: KGEModel, triples: torch.Tensor, sides: list[SideNegatives]
+) -> tuple[ScoredRows, list[torch.Tensor], list[torch.Tensor]]:
+    """The rows every side is scored from; then the entity and relation rows each positive
+    uses (before dropout), for regularization."""
     n = len(triples)
     h, r, t = triples[:, 0], triples[:, 1], triples[:, 2]
     negatives = [side.entities.reshape(-1) for side in sides]
@@ -77,21 +97,44 @@ def score_sides(
     relation_ids, relation_where = torch.unique(torch.cat(wanted), return_inverse=True)
     relation_table = model.relation_rows(relation_ids)
     relation_parts = relation_table.index_select(0, relation_where).split(n)
-    head_used, tail_used = model.drop_entities(head), model.drop_entities(tail)
-    scored = []
-    for index, side in enumerate(sides):
-        candidates = negative_rows[index].view(*side.entities.shape, -1)
-        relation = model.drop_relations(relation_parts[len(penalised) + index])
-        if isinstance(side.head, bool):
-            anchor, target = (tail_used, head_used) if side.head else (head_used, tail_used)
-        else:
-            anchor = torch.where(side.head[:, None], tail_used, head_used)
-            target = torch.where(side.head[:, None], head_used, tail_used)
-        queries = model.queries(anchor, relation, side.head)
-        positive = model.match_rows(queries, target)
-        negative = match_chunks(model, queries, model.drop_entities(candidates), chunk_size)
-        scored.append((positive, negative))
+    scored = ScoredRows(
+        model.drop_entities(head),
+        model.drop_entities(tail),
+        [model.drop_relations(relation_parts[len(penalised) + i]) for i in range(len(sides))],
+        [
+            model.drop_entities(rows.view(*side.entities.shape, -1))
+            for rows, side in zip(negative_rows, sides, strict=True)
+        ],
+        [side.head for side in sides],
+    )
     return scored, [head, tail], list(relation_parts[: len(penalised)])
+
+
+def side_losses(
+    model: KGEModel,
+    loss_fn: KGELoss,
+    head: torch.Tensor,
+    tail: torch.Tensor,
+    relations: list[torch.Tensor],
+    candidates: list[torch.Tensor],
+    heads: list[bool | torch.Tensor],
+    chunk_size: int,
+) -> torch.Tensor:
+    """Per-positive losses (n,), summed over the sides: each side's positives and negatives
+    scored from their rows (`ScoredRows`), then the loss. No random draws: what
+    `compiled_scoring` compiles."""
+    total = torch.zeros((), dtype=head.dtype)
+    for relation, side_candidates, side_head in zip(relations, candidates, heads, strict=True):
+        if isinstance(side_head, bool):
+            anchor, target = (tail, head) if side_head else (head, tail)
+        else:
+            anchor = torch.where(side_head[:, None], tail, head)
+            target = torch.where(side_head[:, None], head, tail)
+        queries = model.queries(anchor, relation, side_head)
+        positive = model.match_rows(queries, target)
+        negative = match_chunks(model, queries, side_candidates, chunk_size)
+        total = total + loss_fn.sampled(positive, negative)
+    return total
 
 
 def match_chunks(
