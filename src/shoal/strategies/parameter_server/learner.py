@@ -15,6 +15,7 @@ is exactly what data-parallel SGD would read.
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -33,6 +34,7 @@ from shoal.strategies.parameter_server.wire import Op
 from shoal.training.batching import EpochPlan, local_share, steps_per_epoch
 from shoal.training.contracts import GradientSync
 from shoal.training.meter import StepStats
+from shoal.training.nonfinite import GradientCheck
 
 
 class ServedRows:
@@ -242,19 +244,24 @@ class ServerLearner:
         self.client.note_held(entity, relation, entity_grad, relation_grad)
         checked = time.perf_counter()
         skipped = False
-        if not (torch.isfinite(entity_grad).all() and torch.isfinite(relation_grad).all()):
+        # one pass of norms over both (a NaN or an Inf makes a norm non-finite; an overflowed
+        # one is checked entry by entry), and the norm from them: what data parallelism does
+        check = GradientCheck([("entity", entity_grad), ("relation", relation_grad)])
+        nonfinite, square = check.read(with_square=True)
+        if nonfinite:
             if self.train.on_nonfinite == "halt":
                 raise TrainingHalted(
                     f"training halted at step {global_step}: non-finite row gradients (NaN/Inf) "
-                    f"on worker {self.client.worker}; nothing of this step was pushed, so the "
-                    "newest checkpoint is the last good state. Resume from it with a lower "
+                    f"in the {' and '.join(nonfinite)} rows on worker {self.client.worker}; "
+                    "nothing of this step was pushed, so the newest checkpoint is the last good "
+                    "state. Resume from it with a lower "
                     'strategy.optimizer.lr, or set train.on_nonfinite = "skip_step"'
                 )
             skipped = True  # push nothing but the clock
             entity_ids, relation_ids = entity_ids[:0], relation_ids[:0]
             entity_grad, relation_grad = entity_grad[:0], relation_grad[:0]
-        # this worker's row gradients (no clipping here): two small tensors of the batch's rows
-        norm = float(torch.cat([entity_grad.flatten(), relation_grad.flatten()]).norm())
+        # this worker's row gradients (no clipping here)
+        norm = math.sqrt(square) if square is not None and not skipped else 0.0
         pushing = time.perf_counter()
         self.client.push(entity_ids, entity_grad, relation_ids, relation_grad, global_step)
         self.served.clock = global_step + 1
