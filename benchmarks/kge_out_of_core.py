@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -26,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-CGROUP = Path("/sys/fs/cgroup/memory")
+from _cgroup import joiner, memory_cgroup, unavailable, usage
+
 CHILD = (
     "import json, sys, shoal\n"
     "results = shoal.train(json.load(open(sys.argv[1])))\n"
@@ -71,52 +71,39 @@ def job(folder: Path, train: Path, args: argparse.Namespace, files: bool) -> dic
 
 
 def run_limited(config: dict[str, Any], folder: Path, limit: int) -> dict[str, Any]:
-    """`config` trained by a child process in a fresh cgroup limited to `limit` bytes."""
-    group = CGROUP / f"shoal-out-of-core-{os.getpid()}-{config['run']['name']}"
-    group.mkdir()
-    try:
-        (group / "memory.limit_in_bytes").write_text(str(limit))
+    """`config` trained by a child process in a fresh cgroup limited to `limit` bytes (on the
+    way out, stopped or not, no process of the job is left behind)."""
+    with memory_cgroup(f"out-of-core-{config['run']['name']}", limit) as group:
         path, out = folder / f"{config['run']['name']}.json", folder / "results.json"
         path.write_text(json.dumps(config))
         out.unlink(missing_ok=True)
         started = time.perf_counter()
         child = subprocess.Popen(
             [sys.executable, "-c", CHILD, str(path), str(out)],
-            preexec_fn=lambda: (group / "cgroup.procs").write_text(str(os.getpid())),
+            preexec_fn=joiner(group),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
         )
-        try:
-            log, _ = child.communicate()
-        finally:  # stopped (timeout, Ctrl-C): no process of the job is left behind
-            for pid in (group / "cgroup.procs").read_text().split():
-                os.kill(int(pid), signal.SIGKILL)
+        log, _ = child.communicate()
         wall = time.perf_counter() - started
-        oom = (group / "memory.oom_control").read_text()
-        report = {
-            "exit_code": child.returncode,
-            "wall_s": round(wall, 1),
-            "cgroup_peak_bytes": int((group / "memory.max_usage_in_bytes").read_text()),
-            "cgroup_failcnt": int((group / "memory.failcnt").read_text()),
-            "oom_kills": int(oom.split("oom_kill ")[1].split()[0]) if "oom_kill " in oom else None,
-        }
-        if child.returncode == 0:
-            results = json.loads(out.read_text())
-            train = results.get("train") if isinstance(results.get("train"), dict) else {}
-            report["triples_per_s"] = results.get("samples_per_s", train.get("samples_per_s"))
-            report["steps"] = results.get("steps")
-            report["servers"] = results.get("parameter_server", {}).get("servers")
-        else:
-            report["log_tail"] = log[-2000:]
-        return report
-    finally:
-        for _ in range(50):  # the cgroup empties once its last process is reaped
-            try:
-                group.rmdir()
-                break
-            except OSError:
-                time.sleep(0.1)
+        used = usage(group)
+    report = {
+        "exit_code": child.returncode,
+        "wall_s": round(wall, 1),
+        "cgroup_peak_bytes": used.peak_bytes,
+        "cgroup_failcnt": used.failcnt,
+        "oom_kills": used.oom_kills,
+    }
+    if child.returncode == 0:
+        results = json.loads(out.read_text())
+        train = results.get("train") if isinstance(results.get("train"), dict) else {}
+        report["triples_per_s"] = results.get("samples_per_s", train.get("samples_per_s"))
+        report["steps"] = results.get("steps")
+        report["servers"] = results.get("parameter_server", {}).get("servers")
+    else:
+        report["log_tail"] = log[-2000:]
+    return report
 
 
 def main() -> None:
@@ -132,8 +119,9 @@ def main() -> None:
     parser.add_argument("--control", action="store_true", help="also run in memory (must fail)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
-    if not os.access(CGROUP, os.W_OK):
-        sys.exit(f"{CGROUP} is not writable (cgroup v1 memory controller, as root): not run")
+    why = unavailable()
+    if why is not None:
+        sys.exit(f"{why}: not run")
     limit = args.limit_mb << 20
     table_bytes = args.entities * args.dim * 4 + args.entities * 4  # rows + Adagrad's sums
     print(

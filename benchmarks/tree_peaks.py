@@ -21,15 +21,14 @@ kernel there, not by the machine's OOM killer among other people's jobs. The ent
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
+
+from _cgroup import Usage, joiner, memory_cgroup, usage
 
 from shoal.launch.processes import descendants, rank_of
 
@@ -111,34 +110,14 @@ class TreePeaks:
         ]
 
 
-CGROUP = Path("/sys/fs/cgroup/memory")
-
-
-def limited(limit_mb: int) -> tuple[Path, Callable[[], None]]:
-    """A fresh memory cgroup of `limit_mb` MiB, and a preexec_fn that joins it."""
-    group = CGROUP / f"shoal-tree-peaks-{os.getpid()}"
-    group.mkdir()
-    (group / "memory.limit_in_bytes").write_text(str(limit_mb << 20))
-    return group, lambda: (group / "cgroup.procs").write_text(str(os.getpid()))
-
-
-def cgroup_entry(group: Path, limit_mb: int) -> dict[str, Any]:
-    oom = (group / "memory.oom_control").read_text()
-    entry = {
+def cgroup_entry(used: Usage, limit_mb: int) -> dict[str, Any]:
+    """The entry of the tree's cgroup: its limit, its peak and its OOM kills."""
+    return {
         "role": "cgroup",
         "limit_mib": limit_mb,
-        "peak_mib": int((group / "memory.max_usage_in_bytes").read_text()) / 2**20,
-        "oom_kills": int(oom.split("oom_kill ")[1].split()[0]) if "oom_kill " in oom else None,
+        "peak_mib": used.peak_bytes / 2**20,
+        "oom_kills": used.oom_kills,
     }
-    for pid in (group / "cgroup.procs").read_text().split():  # nothing of the tree left
-        os.kill(int(pid), signal.SIGKILL)
-    for _ in range(50):  # the group empties once its last process is reaped
-        try:
-            group.rmdir()
-            break
-        except OSError:
-            time.sleep(0.1)
-    return entry
 
 
 def main() -> None:
@@ -150,13 +129,14 @@ def main() -> None:
     if len(args) < 3 or args[1] != "--":
         sys.exit("usage: tree_peaks.py OUT.json [--limit-mb N] -- COMMAND [ARGS...]")
     out, command = Path(args[0]), args[2:]
-    group, join = limited(limit_mb) if limit_mb else (None, None)
-    child = subprocess.Popen(command, preexec_fn=join)
-    peaks = TreePeaks(child.pid)
-    code = child.wait()
-    entries = peaks.stop()
-    if group is not None and limit_mb is not None:
-        entries.append(cgroup_entry(group, limit_mb))
+    # the group goes on the way out, with anything of the tree left in it
+    with memory_cgroup("tree-peaks", limit_mb << 20) if limit_mb else nullcontext() as group:
+        child = subprocess.Popen(command, preexec_fn=joiner(group) if group else None)
+        peaks = TreePeaks(child.pid)
+        code = child.wait()
+        entries = peaks.stop()
+        if group is not None and limit_mb is not None:
+            entries.append(cgroup_entry(usage(group), limit_mb))
     out.write_text(json.dumps(entries, indent=1))
     sys.exit(code)
 

@@ -1,5 +1,5 @@
 """Start a job's ranks as torchrun would (rank 0 hosts the store), each in a memory cgroup
-of its own (cgroup v1 under /sys/fs/cgroup/memory), and read back each rank's exit code and
+of its own (cgroup v1 under /sys/fs/cgroup/memory, made by benchmarks/_cgroup.py), and read back each rank's exit code and
 peak resident memory (`wait4`'s rusage): what the memory-limit test and the memory table
 benchmark run."""
 
@@ -10,45 +10,26 @@ import socket
 import subprocess
 import sys
 import threading
-import uuid
 from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import tomli_w
 
-CGROUP = Path("/sys/fs/cgroup/memory")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from _cgroup import joiner, memory_cgroup
+
 FACTORIES = Path(__file__).resolve().parent / "tasks" / "module"
 _LAUNCH_VARS = ("RANK", "WORLD_", "LOCAL_", "MASTER_", "SLURM_", "TORCHELASTIC", "SHOAL_")
-
-
-def cgroups_unavailable() -> str | None:
-    """Why memory cgroups cannot be made here (None: they can)."""
-    if not (CGROUP / "memory.limit_in_bytes").exists():
-        return f"no cgroup v1 memory controller at {CGROUP}"
-    if not os.access(CGROUP, os.W_OK):
-        return f"{CGROUP} is not writable (needs root)"
-    return None
 
 
 @contextmanager
 def memory_cgroups(count: int, limit_bytes: int | None) -> Iterator[list[Path]]:
     """`count` fresh memory cgroups, each limited to `limit_bytes` (None: no limit)."""
-    made: list[Path] = []
-    try:
-        for index in range(count):
-            group = CGROUP / f"shoal-{uuid.uuid4().hex[:8]}-{index}"
-            group.mkdir()
-            made.append(group)
-            if limit_bytes is not None:
-                (group / "memory.limit_in_bytes").write_text(str(limit_bytes))
-        yield made
-    finally:
-        for group in made:
-            with suppress(OSError):
-                group.rmdir()
+    with ExitStack() as groups:
+        yield [groups.enter_context(memory_cgroup(f"rank{i}", limit_bytes)) for i in range(count)]
 
 
 @dataclass
@@ -97,7 +78,7 @@ def run_ranks(
                     cwd=job.parent,
                     stdout=log,
                     stderr=subprocess.STDOUT,
-                    preexec_fn=_enter(group) if group is not None else None,
+                    preexec_fn=joiner(group) if group is not None else None,
                 )
             )
     watchdog = threading.Timer(timeout, lambda: [p.kill() for p in procs])
@@ -111,13 +92,6 @@ def run_ranks(
         return exits
     finally:
         watchdog.cancel()
-
-
-def _enter(group: Path) -> Any:
-    def preexec() -> None:
-        (group / "cgroup.procs").write_text(str(os.getpid()))
-
-    return preexec
 
 
 def rank_logs(job: Path) -> str:

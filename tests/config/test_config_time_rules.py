@@ -120,6 +120,16 @@ RULES = [
         "task.training.type = '1vsAll': it scores every entity in every step",
     ),
     (
+        "rows shared on the host with a server that restarts alone",
+        KGE,
+        32,
+        '[strategy]\ntype = "parameter_server"\nmode = "async"\nhost_rows = "shared"\n'
+        "[faults]\nmax_restarts = 1\n",
+        "strategy.host_rows",
+        "a dedicated server restarts alone under faults.max_restarts = 1, and its host's workers "
+        'would keep the old server\'s rows; set host_rows = "auto"',
+    ),
+    (
         "a label-skewed federated partition of a task without labels",
         LM,
         32,

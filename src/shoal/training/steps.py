@@ -65,7 +65,11 @@ class StepLearner(Protocol):
 
 
 class LocalModel:
-    """The model of record of a learner that holds its model: the best is a copy in memory."""
+    """The model of record of a learner that holds its model: the best is a copy in memory.
+
+    What the copy is of is `kept`, the model itself; a record whose model is more than
+    this rank holds (a pipeline's forward through every rank's stages) keeps its own part
+    instead and reads a saved best into it by `load_saved`."""
 
     def __init__(self, ctx: WorkerContext, model: nn.Module) -> None:
         self.ctx, self._model = ctx, model
@@ -75,20 +79,29 @@ class LocalModel:
     def model(self) -> nn.Module:
         return self._model
 
+    @property
+    def kept(self) -> nn.Module:
+        """The module whose state the best copy is."""
+        return self._model
+
+    def load_saved(self, state: Any, folder: Path) -> None:
+        """`kept` from a checkpoint's `model` (`folder`: the checkpoint)."""
+        load_model(self.kept, state, folder)  # either kind, sharded or plain
+
     def validated(self, best: bool) -> None:
         if best:
-            state = self._model.state_dict()
+            state = self.kept.state_dict()
             self.best = {k: t.detach().to("cpu", copy=True) for k, t in state.items()}
 
     def restore_best(self, saved: Path | None) -> bool:
         if self.best is None and saved is not None:
             state, _ = load_checkpoint(saved)
-            load_model(self._model, state["model"], saved)  # either kind, sharded or plain
+            self.load_saved(state["model"], saved)
             return True
         if self.best is None:
             self.ctx.log.warning("no best/ checkpoint to restore: testing the final model")
             return False
-        self._model.load_state_dict(self.best)
+        self.kept.load_state_dict(self.best)
         return True
 
 

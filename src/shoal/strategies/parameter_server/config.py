@@ -377,7 +377,8 @@ class ParameterServerStrategyConfig(StrategySection):
 
     def check(self, config: ShoalConfig) -> None:
         """The shared loop's length rule, a task whose tables servers can hold, then what
-        servers applying pushes as they come allow."""
+        servers applying pushes as they come allow, and rows shared on a host only where no
+        server restarts alone."""
         super().check(config)
         self.require(SERVED_TABLES, config)
         train, faults = config.train, config.faults
@@ -402,6 +403,17 @@ class ParameterServerStrategyConfig(StrategySection):
             raise FieldError(
                 ("train",),
                 'strategy parameter_server trains in float32: set train.mixed_precision = "off"',
+            )
+        shape = self.shape(config)  # who restarts alone follows the config, not the hosts
+        if self.host_rows == "shared" and any(
+            shape.restarts_alone(rank)[0] for rank in shape.roles.servers
+        ):
+            raise FieldError(
+                ("strategy", "host_rows"),
+                f'"shared" cannot apply: a dedicated server restarts alone under '
+                f"faults.max_restarts = {faults.max_restarts}, and its host's workers would "
+                'keep the old server\'s rows; set host_rows = "auto" (rows by message), '
+                'placement = "colocated" or faults.max_restarts = 0',
             )
         if self.barrier_timeout_s >= faults.timeout_s:
             raise FieldError(

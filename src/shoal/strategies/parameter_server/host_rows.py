@@ -49,7 +49,7 @@ import torch
 
 from shoal.errors import ShoalError
 from shoal.strategies.parameter_server.row_optimizers import RowOptimizer
-from shoal.strategies.parameter_server.storage import FileStorage
+from shoal.strategies.parameter_server.storage import FileStorage, map_file, zeros_file
 
 #: where a shard's files go when the tables are in memory (a tmpfs: RAM, shared)
 SHARED_MEMORY_DIR = Path("/dev/shm")
@@ -78,13 +78,6 @@ class ShardLock:
         os.close(self._fd)
 
 
-def map_file(path: Path, shape: tuple[int, ...]) -> torch.Tensor:
-    """A float32 tensor of `shape` that is a shared mapping of the file at `path`."""
-    count = int(np.prod(shape)) if shape else 1
-    mapped = np.memmap(path, dtype=np.float32, mode="r+", shape=(max(count, 1),))
-    return torch.from_numpy(mapped[:count]).view(*shape)
-
-
 class SharedStorage:
     """A shard's tensors as shared mappings of named files in a folder of its own, which
     the workers of the server's host map too (see the module docstring)."""
@@ -109,14 +102,11 @@ class SharedStorage:
     def zeros(self, *shape: int) -> torch.Tensor:
         if self.private is not None:
             return self.private.zeros(*shape)
-        count = int(np.prod(shape)) if shape else 1
         name = f"t{len(self.files)}.f32"
-        path = self.folder / name
-        with open(path, "wb") as f:
-            f.truncate(max(count, 1) * 4)
+        tensor = zeros_file(self.folder / name, shape)
         self.files.append((name, tuple(shape)))
-        self.bytes += count * 4
-        return map_file(path, tuple(shape))
+        self.bytes += tensor.numel() * 4
+        return tensor
 
     def empty(self, *shape: int) -> torch.Tensor:
         return self.zeros(*shape)

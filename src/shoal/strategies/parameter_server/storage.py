@@ -54,27 +54,43 @@ class FileStorage:
         self.bytes = 0
 
     def zeros(self, *shape: int) -> torch.Tensor:
-        """A float32 tensor of `shape`, all zeros (a new file reads as zeros)."""
-        count = int(np.prod(shape)) if shape else 1
+        """A float32 tensor of `shape`, all zeros, in a file unlinked once it is mapped."""
         fd, name = tempfile.mkstemp(prefix=f"{self.label}-", suffix=".f32", dir=self.folder)
+        os.close(fd)
         try:
-            os.ftruncate(fd, max(count, 1) * 4)
-            mapped = np.memmap(name, dtype=np.float32, mode="r+", shape=(max(count, 1),))
-            # rows are read at random: without this each fault reads ahead 128 KiB and
-            # more around a row of a few KiB, and a working set smaller than the shard
+            # rows are read at random: without MADV_RANDOM each fault reads ahead 128 KiB
+            # and more around a row of a few KiB, and a working set smaller than the shard
             # turns into reading the file over and over
-            mapped._mmap.madvise(mmap.MADV_RANDOM)  # type: ignore[attr-defined]
+            tensor = zeros_file(Path(name), shape, random_reads=True)
         finally:
-            os.close(fd)
             os.unlink(name)  # the mapping keeps the blocks until it is dropped
-        self.bytes += count * 4
-        return torch.from_numpy(mapped[:count]).view(*shape)
+        self.bytes += tensor.numel() * 4
+        return tensor
 
     def empty(self, *shape: int) -> torch.Tensor:
         return self.zeros(*shape)
 
     def describe(self) -> str:
         return f"memory-mapped files in {self.folder} ({self.bytes / (1 << 20):.1f} MiB)"
+
+
+def zeros_file(path: Path, shape: tuple[int, ...], *, random_reads: bool = False) -> torch.Tensor:
+    """A float32 tensor of `shape`, all zeros: the file at `path` made (or emptied) at the
+    size it needs, and mapped shared (a new file reads as zeros)."""
+    count = int(np.prod(shape)) if shape else 1
+    with open(path, "wb") as f:
+        f.truncate(max(count, 1) * 4)
+    return map_file(path, shape, random_reads=random_reads)
+
+
+def map_file(path: Path, shape: tuple[int, ...], *, random_reads: bool = False) -> torch.Tensor:
+    """A float32 tensor of `shape` that is a shared mapping of the file at `path`
+    (`random_reads`: tell the kernel not to read ahead around a fault)."""
+    count = int(np.prod(shape)) if shape else 1
+    mapped = np.memmap(path, dtype=np.float32, mode="r+", shape=(max(count, 1),))
+    if random_reads:
+        mapped._mmap.madvise(mmap.MADV_RANDOM)  # type: ignore[attr-defined]
+    return torch.from_numpy(mapped[:count]).view(*shape)
 
 
 class ShardStorage(Protocol):

@@ -25,9 +25,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from shoal.checkpoint.integrity import load_checkpoint
 from shoal.checkpoint.marker import SHARDED_DIR, is_marker
 from shoal.runtime.context import WorkerContext
+from shoal.training.steps import LocalModel
 
 _DTYPES = [torch.float32, torch.float16, torch.bfloat16, torch.float64, torch.int64, torch.int32]
 _HEADER = 8  # dtype index, number of dimensions, up to 6 sizes
@@ -92,38 +92,25 @@ def _broadcast(
     return flat.to(device)
 
 
-class StagedRecord:
-    """The model of record of a pipeline rank (see the module docstring)."""
+class StagedRecord(LocalModel):
+    """The model of record of a pipeline rank (see the module docstring): the model is the
+    forward through every rank's stages, the best copy is of this rank's own."""
 
     def __init__(self, ctx: WorkerContext, stages: nn.Module, forward: StagedModel) -> None:
-        self.ctx = ctx
-        self.best: dict[str, torch.Tensor] | None = None
+        super().__init__(ctx, forward)
         self.seat(stages, forward)
 
     def seat(self, stages: nn.Module, forward: StagedModel) -> None:
         """This rank's stages (the optimizer's modules) and the forward through them (again
         after a re-partition, whose blocks brought their best copies along)."""
-        self.stages, self.forward = stages, forward
+        self.stages, self._model = stages, forward
 
     @property
-    def model(self) -> nn.Module:
-        return self.forward
+    def kept(self) -> nn.Module:
+        return self.stages
 
-    def validated(self, best: bool) -> None:
-        if best:
-            state = self.stages.state_dict()
-            self.best = {k: t.detach().to("cpu", copy=True) for k, t in state.items()}
-
-    def restore_best(self, saved: Path | None) -> bool:
-        if self.best is None and saved is not None:
-            state, _ = load_checkpoint(saved)
-            load_stage(self.stages, state["model"], saved)
-            return True
-        if self.best is None:
-            self.ctx.log.warning("no best/ checkpoint to restore: testing the final model")
-            return False
-        self.stages.load_state_dict(self.best)
-        return True
+    def load_saved(self, state: Any, folder: Path) -> None:
+        load_stage(self.stages, state, folder)
 
 
 def load_stage(stages: nn.Module, state: Any, folder: Path) -> None:
