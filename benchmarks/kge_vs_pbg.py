@@ -199,6 +199,16 @@ def ps_strategy(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def shoal_negatives(args: argparse.Namespace) -> dict[str, Any]:
+    """`one-side`: 2 x negatives_per_side on one side chosen uniformly per positive (the
+    default, as recorded so far); `both-sides`: negatives_per_side on each side, PBG's
+    own recipe (both loss terms summed per positive)."""
+    per_side = args.negatives_per_side
+    if args.shoal_negatives == "both-sides":
+        return {"num_negatives_s": per_side, "num_negatives_o": per_side, "chunk_size": per_side}
+    return {"num_negatives": 2 * per_side, "chunk_size": per_side, "side": "uniform"}
+
+
 def pbg_like_task(args: argparse.Namespace) -> dict[str, Any]:
     """shoal's task sections that match PBG's model (see the module docstring)."""
     return {
@@ -208,11 +218,7 @@ def pbg_like_task(args: argparse.Namespace) -> dict[str, Any]:
             "normalize_entities": False,
             "init_scale": args.shoal_init_scale,
         },
-        "negatives": {
-            "num_negatives": 2 * args.negatives_per_side,
-            "chunk_size": args.negatives_per_side,
-            "side": "uniform",
-        },
+        "negatives": shoal_negatives(args),
         "loss": {"kind": "margin_ranking", "margin": args.margin},
         "evaluation": {"batch_size": 256},
     }
@@ -351,10 +357,15 @@ def rankable_prefix(data: Any, lines: int) -> int:
 
 
 def settings_table(args: argparse.Namespace) -> str:
+    shoal_sides = (
+        f"{args.negatives_per_side} per side x 2 sides"
+        if args.shoal_negatives == "both-sides"
+        else f"{2 * args.negatives_per_side}, one side"
+    )
     per_side, batch = args.negatives_per_side, args.batch_size
     rows = [
         ("dim", args.dim, args.dim),
-        ("negatives per positive", f"{per_side} per side x 2 sides", f"{2 * per_side}, one side"),
+        ("negatives per positive", f"{per_side} per side x 2 sides", shoal_sides),
         ("positives sharing negatives", per_side, per_side),
         ("batch per update", f"{batch} per worker", f"{args.workers * batch} global"),
         ("loss", f"ranking, margin {args.margin}", f"margin_ranking, margin {args.margin}"),
@@ -384,6 +395,12 @@ def build_parser(description: str) -> argparse.ArgumentParser:
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--dim", type=int, default=200)
     parser.add_argument("--negatives-per-side", type=int, default=64)
+    parser.add_argument(
+        "--shoal-negatives",
+        choices=("one-side", "both-sides"),
+        default="one-side",
+        help="shoal's corruptions: 2x per side on one side, or per side on both (PBG's)",
+    )
     parser.add_argument("--batch-size", type=int, default=1024, help="per worker and update")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--servers", type=int, default=2)
