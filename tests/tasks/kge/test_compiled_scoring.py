@@ -18,8 +18,11 @@ from shoal.config import load_config
 from shoal.tasks.kge import compiled_scoring
 from shoal.tasks.kge.config import KGETaskConfig
 from shoal.tasks.kge.models import build_kge_model
+from shoal.tasks.kge.task import KGETask
 from shoal.tasks.kge.training_types import build_training_type
 from shoal.tasks.kge.triples import load_kg
+from tests.conftest import one_worker_context
+from tests.tasks.kge.test_training import kge_job
 
 
 def _graph(tmp_path: Path) -> Path:
@@ -62,6 +65,7 @@ def _loss_and_grads(
     monkeypatch.setattr(compiled_scoring, "COMPILE", compiled)
     data = load_kg(config.data)
     training = build_training_type(config, data, seed=0)
+    training.compiled = True  # as the task sets it for a long run
     torch.manual_seed(0)
     model = build_kge_model(config.model, len(data.entities), len(data.relations), 8, 1.0)
     model.reset_rows()
@@ -113,6 +117,26 @@ def test_compiled_step_equals_the_eager_step(
     assert eager[1].abs().sum() > 0
 
 
+def test_auto_compiles_runs_long_enough_to_pay_for_it(runs: Path, tmp_path: Path) -> None:
+    """`task.compiled_scoring`: as set, or under "auto" from COMPILE_AFTER_STEPS planned
+    steps (the fewer of max_steps and epochs x steps per epoch; no planned end: compile)."""
+    after = compiled_scoring.COMPILE_AFTER_STEPS
+    assert compiled_scoring.planned("auto", after) and compiled_scoring.planned("auto", None)
+    assert not compiled_scoring.planned("auto", after - 1)
+    assert compiled_scoring.planned(True, 1) and not compiled_scoring.planned(False, None)
+    data = {"train": str(_graph(tmp_path))}  # 120 triples, batch 32: 4 steps an epoch
+    for train, setting, compiled in (
+        ({"epochs": 30}, "auto", False),
+        ({"epochs": after // 4}, "auto", True),
+        ({"epochs": after // 4, "max_steps": 100}, "auto", False),
+        ({"epochs": 30}, True, True),
+        ({"epochs": after}, False, False),
+    ):
+        job = kge_job(runs, data, task={"compiled_scoring": setting}, train=train)
+        task = KGETask(one_worker_context(job))
+        assert task.training.compiled is compiled, (train, setting)
+
+
 def test_compiled_path_only_where_declared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """RotatE (kernels of its own) and evaluation (no gradients) never compile; a shape past
     MAX_SHAPES runs eagerly."""
@@ -126,6 +150,7 @@ def test_compiled_path_only_where_declared(tmp_path: Path, monkeypatch: pytest.M
     with torch.no_grad():
         data = load_kg(transe.data)
         training = build_training_type(transe, data, seed=0)
+        training.compiled = True
         model = build_kge_model(transe.model, len(data.entities), len(data.relations), 8, 1.0)
         training.loss(model, training.batch(torch.arange(8), torch.device("cpu")))
     assert compiled_scoring._shapes == set()

@@ -16,7 +16,9 @@ same random numbers as an eager one. It serves models and losses that declare
 their scoring plain torch ops (`compiled_scoring`: shoal's TransE, DistMult,
 ComplEx and its four losses; RotatE has kernels of its own, a plugin opts in).
 
-When, as for RotatE's kernels (rotate_distance.py): on CPU, in training
+When: where `task.compiled_scoring` says (by default, runs of at least
+COMPILE_AFTER_STEPS planned steps: below that the compilation costs more than it
+saves); then, as for RotatE's kernels (rotate_distance.py): on CPU, in training
 (gradients enabled: evaluation never comes here), for static shapes (each a
 compilation of seconds; Inductor caches them on disk for later processes) and
 only for the first MAX_SHAPES a process sees (a step's shape is its batch's:
@@ -43,6 +45,12 @@ log = logging.getLogger(__name__)
 COMPILE = os.environ.get("SHOAL_KGE_COMPILE", "1") != "0"
 #: distinct input shapes compiled per process (see the module docstring)
 MAX_SHAPES = 8
+#: under `task.compiled_scoring = "auto"`, the planned steps from which a run compiles. A
+#: compilation costs 7-10 s per shape with no cache on this project's 2-core machine (2-4 s
+#: with Inductor's disk cache) and saves 2.7 ms (dim 64) to 5 ms (dim 200) a step: cold, it
+#: pays for itself after 2,000-4,000 steps. The kinships demo (680 steps) took 15 s eager
+#: and 35 s compiled from a cold cache.
+COMPILE_AFTER_STEPS = 5000
 _shapes: set[tuple[Any, ...]] = set()
 _compiled: dict[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] = {}
 
@@ -61,6 +69,14 @@ def _shape_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
     return tuple(key)
 
 
+def planned(setting: bool | str, steps: int | None) -> bool:
+    """Whether a run compiles (`task.compiled_scoring`): as set, or under "auto" when it
+    plans at least COMPILE_AFTER_STEPS steps (`steps`: None for no planned end)."""
+    if setting != "auto":
+        return bool(setting)
+    return steps is None or steps >= COMPILE_AFTER_STEPS
+
+
 def _wanted(model: Any, loss_fn: Any, tensors: list[torch.Tensor]) -> bool:
     return (
         COMPILE
@@ -73,14 +89,16 @@ def _wanted(model: Any, loss_fn: Any, tensors: list[torch.Tensor]) -> bool:
 
 def call(
     function: Callable[..., torch.Tensor],
+    enabled: bool,
     model: Any,
     loss_fn: Any,
     tensors: list[torch.Tensor],
     *args: Any,
 ) -> torch.Tensor:
-    """`function(model, loss_fn, *args)`, compiled where this module says it may be (the
-    tensors among `args` are listed in `tensors`, for the device check); eager otherwise."""
-    if _wanted(model, loss_fn, tensors):
+    """`function(model, loss_fn, *args)`, compiled where `enabled` (the run's `planned`) and
+    this module say it may be (the tensors among `args` are listed in `tensors`, for the
+    device check); eager otherwise."""
+    if enabled and _wanted(model, loss_fn, tensors):
         key = (function, type(model), type(loss_fn), _shape_key(args))
         if key in _shapes or len(_shapes) < MAX_SHAPES:
             _shapes.add(key)

@@ -404,6 +404,14 @@ class KGETaskConfig(TaskSection):
         description="Row gradients as sparse tensors: the optimizer (sparse_adam, adagrad or sgd "
         "without momentum) updates only the rows a batch used. Strategy local only.",
     )
+    compiled_scoring: bool | Literal["auto"] = Field(
+        "auto",
+        description="Compile the negative-sampling step's scoring and loss with torch.compile "
+        "(CPU; TransE, DistMult, ComplEx): a compilation of seconds per batch shape at the "
+        "first steps, then faster steps. auto: when the run plans at least "
+        "COMPILE_AFTER_STEPS (5000) steps, so the compilation pays for itself.",
+        json_schema_extra=RESUME_SAFE,
+    )
 
     #: its two tables read a batch's rows at a time: parameter servers can hold them
     primary_metric: ClassVar[tuple[str, str]] = ("mrr", "max")

@@ -13,6 +13,7 @@ from shoal.protocols.capabilities import ServedTable
 from shoal.protocols.task import LossOutput, Task, rank_slice
 from shoal.runtime.collectives import all_reduce_sum
 from shoal.runtime.context import WorkerContext
+from shoal.tasks.kge import compiled_scoring
 from shoal.tasks.kge.config import KGETaskConfig, LogisticLossConfig, MarginRankingLossConfig
 from shoal.tasks.kge.evaluation import (
     FilterIndex,
@@ -26,6 +27,7 @@ from shoal.tasks.kge.models import KGEModel, RowSource, build_kge_model, relatio
 from shoal.tasks.kge.prepared.progress import PrepareProgress
 from shoal.tasks.kge.training_types import build_training_type
 from shoal.tasks.kge.triples import load_kg
+from shoal.training.batching import steps_per_epoch
 
 ROTATE_DEFAULT_GAMMA = 12.0  # RotatE's initialisation range when the loss has no margin
 
@@ -62,6 +64,12 @@ class KGETask(Task):
         if config.sparse_gradients and not torch.sparse.check_sparse_tensor_invariants.is_enabled():
             torch.sparse.check_sparse_tensor_invariants.disable()
         self.training = build_training_type(config, self.data, ctx.config.train.seed)
+        train = ctx.config.train
+        per_epoch = steps_per_epoch(self.training.train_size, train.batch_size, train.drop_last)
+        planned = [n for n in (train.max_steps, train.epochs and train.epochs * per_epoch) if n]
+        self.training.compiled = compiled_scoring.planned(
+            config.compiled_scoring, min(planned) if planned else None
+        )
         self._ranked: dict[str, torch.Tensor] = {}
         self.embeddings_dir = ctx.paths.root / "embeddings"
         if ctx.is_main:

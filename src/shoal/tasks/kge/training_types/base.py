@@ -34,6 +34,9 @@ class TrainingType(ABC):
         self.num_relations = len(data.relations)
         self.seed = seed
         self.loss_fn = build_kge_loss(config.loss)  # task.loss: shoal's own or a plugin
+        #: whether its steps may be compiled (`compiled_scoring.planned`; the task sets it;
+        #: a type that compiles nothing ignores it)
+        self.compiled = False
 
     @property
     @abstractmethod

@@ -59,7 +59,7 @@ class NegativeSampling(TrainingType):
         tensors = [scored.head, scored.tail, *scored.relations, *scored.candidates]
         heads = [h for h in scored.heads if isinstance(h, torch.Tensor)]
         losses = compiled_scoring.call(
-            side_losses, model, self.loss_fn, tensors + heads,
+            side_losses, self.compiled, model, self.loss_fn, tensors + heads,
             scored.head, scored.tail, scored.relations, scored.candidates, scored.heads,
             self.config.negatives.chunk_size,
         )  # fmt: skip
