@@ -74,7 +74,7 @@ def steady_rate(run_dir: Path, warmup: int) -> float:
 def train(args: argparse.Namespace) -> None:
     if args.reference:
         models.RotatE.match = reference_match  # type: ignore[method-assign]
-    rotate_distance.COMPILE = not args.no_compile
+    rotate_distance.KERNELS.enabled = not args.no_compile
     rates = {}
     with tempfile.TemporaryDirectory() as runs:
         for name, model in [
@@ -118,7 +118,7 @@ def micro(args: argparse.Namespace) -> None:
     base, s0, gq0, gc0 = timed(lambda q, c: reference_match(None, q, c))  # type: ignore[arg-type]
     print(f"reference (cdist): {base * 1000:.1f} ms")
     for tile in [*args.tiles, "compiled"]:
-        rotate_distance.COMPILE = tile == "compiled"
+        rotate_distance.KERNELS.enabled = tile == "compiled"
         if isinstance(tile, int):
             rotate_distance.TILE_ELEMENTS = tile
         else:  # the first call compiles (or loads Inductor's cached kernels)

@@ -62,7 +62,7 @@ def _config(
 def _loss_and_grads(
     config: KGETaskConfig, compiled: bool, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    monkeypatch.setattr(compiled_scoring, "COMPILE", compiled)
+    monkeypatch.setattr(compiled_scoring.KERNELS, "enabled", compiled)
     data = load_kg(config.data)
     training = build_training_type(config, data, seed=0)
     training.compiled = True  # as the task sets it for a long run
@@ -104,14 +104,14 @@ def test_compiled_step_equals_the_eager_step(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    monkeypatch.setattr(compiled_scoring, "_shapes", set())
+    monkeypatch.setattr(compiled_scoring.KERNELS, "shapes", set())
     config = _config(tmp_path, model, loss, negatives)
     eager = _loss_and_grads(config, False, monkeypatch)
-    assert compiled_scoring._shapes == set()
+    assert compiled_scoring.KERNELS.shapes == set()
     fast = _loss_and_grads(config, True, monkeypatch)
-    if not compiled_scoring.COMPILE:
+    if not compiled_scoring.KERNELS.enabled:
         pytest.skip("torch.compile is not available here: the eager path was used")
-    assert compiled_scoring._shapes, "the compiled path was not taken"
+    assert compiled_scoring.KERNELS.shapes, "the compiled path was not taken"
     for got, expected in zip(fast, eager, strict=True):
         torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-6)
     assert eager[1].abs().sum() > 0
@@ -140,12 +140,12 @@ def test_auto_compiles_runs_long_enough_to_pay_for_it(runs: Path, tmp_path: Path
 def test_compiled_path_only_where_declared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """RotatE (kernels of its own) and evaluation (no gradients) never compile; a shape past
     MAX_SHAPES runs eagerly."""
-    monkeypatch.setattr(compiled_scoring, "_shapes", set())
+    monkeypatch.setattr(compiled_scoring.KERNELS, "shapes", set())
     calls: list[Any] = []
     monkeypatch.setattr(torch, "compile", lambda f, **kw: calls.append(f) or f)
     rotate = _config(tmp_path, {"type": "rotate"}, {"kind": "logistic"}, UNIFORM)
     _loss_and_grads(rotate, True, monkeypatch)
-    assert calls == [] and compiled_scoring._shapes == set()
+    assert calls == [] and compiled_scoring.KERNELS.shapes == set()
     transe = _config(tmp_path, {"type": "transe"}, {"kind": "margin_ranking"}, UNIFORM)
     with torch.no_grad():
         data = load_kg(transe.data)
@@ -153,10 +153,10 @@ def test_compiled_path_only_where_declared(tmp_path: Path, monkeypatch: pytest.M
         training.compiled = True
         model = build_kge_model(transe.model, len(data.entities), len(data.relations), 8, 1.0)
         training.loss(model, training.batch(torch.arange(8), torch.device("cpu")))
-    assert compiled_scoring._shapes == set()
-    monkeypatch.setattr(compiled_scoring, "MAX_SHAPES", 0)
+    assert compiled_scoring.KERNELS.shapes == set()
+    monkeypatch.setattr(compiled_scoring.KERNELS, "max_shapes", 0)
     _loss_and_grads(transe, True, monkeypatch)
-    assert compiled_scoring._shapes == set()
+    assert compiled_scoring.KERNELS.shapes == set()
 
 
 def test_a_failed_compilation_runs_on_eagerly(
@@ -164,8 +164,8 @@ def test_a_failed_compilation_runs_on_eagerly(
 ) -> None:
     """No C++ compiler (or any failure of Inductor): one warning, then the eager step, with
     the eager step's numbers."""
-    monkeypatch.setattr(compiled_scoring, "_shapes", set())
-    monkeypatch.setattr(compiled_scoring, "_compiled", {})
+    monkeypatch.setattr(compiled_scoring.KERNELS, "shapes", set())
+    monkeypatch.setattr(compiled_scoring.KERNELS, "_compiled", {})
 
     def broken(*args: Any, **kwargs: Any) -> torch.Tensor:
         raise RuntimeError("no C++ compiler")
@@ -175,7 +175,7 @@ def test_a_failed_compilation_runs_on_eagerly(
     eager = _loss_and_grads(config, False, monkeypatch)
     with caplog.at_level("WARNING"):
         fallen = _loss_and_grads(config, True, monkeypatch)
-    assert compiled_scoring.COMPILE is False
+    assert compiled_scoring.KERNELS.enabled is False
     assert "torch.compile unavailable (no C++ compiler)" in caplog.text
     for got, expected in zip(fallen, eager, strict=True):
         assert torch.equal(got, expected)

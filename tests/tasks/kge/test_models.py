@@ -193,8 +193,8 @@ def test_rotate_fast_distances_equal_the_reference(
     same gradients for both inputs, including a candidate equal to a query (distance 0:
     gradient 0, not NaN)."""
     monkeypatch.setattr(rotate_distance, "TILE_ELEMENTS", tile or rotate_distance.TILE_ELEMENTS)
-    monkeypatch.setattr(rotate_distance, "COMPILE", compiled)
-    monkeypatch.setattr(rotate_distance, "_shapes", set())
+    monkeypatch.setattr(rotate_distance.KERNELS, "enabled", compiled)
+    monkeypatch.setattr(rotate_distance.KERNELS, "shapes", set())
     model = _model("rotate", dim=q_shape[-1])
     g = torch.Generator().manual_seed(3)
     queries = torch.randn(q_shape, generator=g, dtype=torch.float64)
@@ -212,9 +212,9 @@ def test_rotate_fast_distances_equal_the_reference(
     torch.testing.assert_close(fast_q.grad, ref_q.grad)
     torch.testing.assert_close(fast_c.grad, ref_c.grad)
     assert fast_q.grad is not None and torch.isfinite(fast_q.grad).all()
-    if compiled and not rotate_distance.COMPILE:
+    if compiled and not rotate_distance.KERNELS.enabled:
         pytest.skip("torch.compile is not available here: the tiles were used")
-    assert bool(rotate_distance._shapes) == compiled  # the path named was the path taken
+    assert bool(rotate_distance.KERNELS.shapes) == compiled  # the path named was the path taken
 
 
 def test_rotate_evaluation_takes_the_tiles_whatever_it_saw_before(
@@ -223,10 +223,10 @@ def test_rotate_evaluation_takes_the_tiles_whatever_it_saw_before(
     """Only training steps (gradients enabled) use the compiled kernels: evaluation's blocks
     come in many shapes, and a run resumed from a checkpoint must take the same kernel for
     each training shape as the run it continues, whatever shapes either evaluated before."""
-    monkeypatch.setattr(rotate_distance, "COMPILE", True)
-    monkeypatch.setattr(rotate_distance, "_shapes", set())
+    monkeypatch.setattr(rotate_distance.KERNELS, "enabled", True)
+    monkeypatch.setattr(rotate_distance.KERNELS, "shapes", set())
     model = _model("rotate", dim=8)
     with torch.no_grad():
         for n in (3, 5, 7):  # shapes the compiled path has never seen
             model.match(torch.randn(2, n, 8), torch.randn(2, 4, 8))
-    assert rotate_distance._shapes == set()
+    assert rotate_distance.KERNELS.shapes == set()

@@ -18,41 +18,30 @@ ComplEx and its four losses; RotatE has kernels of its own, a plugin opts in).
 
 When: where `task.compiled_scoring` says (by default, runs of at least
 COMPILE_AFTER_STEPS planned steps: below that the compilation costs more than it
-saves); then, as for RotatE's kernels (rotate_distance.py): on CPU, in training
-(gradients enabled: evaluation never comes here), for static shapes (each a
-compilation of seconds; Inductor caches them on disk for later processes) and
-only for the first MAX_SHAPES a process sees (a step's shape is its batch's:
-the last batch of an epoch is one more), so a resumed run takes the same kernel
-for each shape as the run it continues. `SHOAL_KGE_COMPILE=0` turns it off (the
-test suite does, but in the tests of this module); a failure to compile (no C++
-compiler) turns it off for the process, with one warning. The compiled and eager
-steps agree to float rounding, not bit for bit.
+saves); then on CPU, in training (gradients enabled: evaluation never comes
+here), within compilation.py's budget of static shapes (a step's shape is its
+batch's: the last batch of an epoch is one more; Inductor caches them on disk
+for later processes), with its SHOAL_KGE_COMPILE switch and its fallback after a
+failure. The compiled and eager steps agree to float rounding, not bit for bit.
 """
 
 from __future__ import annotations
 
-import logging
-import os
 from collections.abc import Callable
 from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
+from shoal.tasks.kge.compilation import CompiledKernels
 
-#: whether the compiled scoring may be used: SHOAL_KGE_COMPILE=0 turns it off; set to False
-#: after the first failure to compile
-COMPILE = os.environ.get("SHOAL_KGE_COMPILE", "1") != "0"
-#: distinct input shapes compiled per process (see the module docstring)
-MAX_SHAPES = 8
+#: the compiled step's functions and shape budget (compilation.py)
+KERNELS = CompiledKernels("knowledge-graph scoring", "running eagerly")
 #: under `task.compiled_scoring = "auto"`, the planned steps from which a run compiles. A
 #: compilation costs 7-10 s per shape with no cache on this project's 2-core machine (2-4 s
 #: with Inductor's disk cache) and saves 2.7 ms (dim 64) to 5 ms (dim 200) a step: cold, it
 #: pays for itself after 2,000-4,000 steps. The kinships demo (680 steps) took 15 s eager
 #: and 35 s compiled from a cold cache.
 COMPILE_AFTER_STEPS = 5000
-_shapes: set[tuple[Any, ...]] = set()
-_compiled: dict[Callable[..., torch.Tensor], Callable[..., torch.Tensor]] = {}
 
 
 def _shape_key(args: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -79,8 +68,7 @@ def planned(setting: bool | str, steps: int | None) -> bool:
 
 def _wanted(model: Any, loss_fn: Any, tensors: list[torch.Tensor]) -> bool:
     return (
-        COMPILE
-        and torch.is_grad_enabled()
+        torch.is_grad_enabled()
         and getattr(model, "compiled_scoring", False)
         and getattr(loss_fn, "compiled_scoring", False)
         and all(t.device.type == "cpu" for t in tensors)
@@ -100,19 +88,8 @@ def call(
     device check); eager otherwise."""
     if enabled and _wanted(model, loss_fn, tensors):
         key = (function, type(model), type(loss_fn), _shape_key(args))
-        if key in _shapes or len(_shapes) < MAX_SHAPES:
-            _shapes.add(key)
-            compiled = _compiled.get(function)
-            if compiled is None:
-                compiled = _compiled[function] = torch.compile(function, dynamic=False)
-            try:
-                return compiled(model, loss_fn, *args)
-            except Exception as exc:  # a missing or failing C++ compiler surfaces as many types
-                _disable(exc)
+        if KERNELS.admit(key):
+            out: torch.Tensor | None = KERNELS.run(function, model, loss_fn, *args)
+            if out is not None:
+                return out
     return function(model, loss_fn, *args)
-
-
-def _disable(exc: Exception) -> None:
-    global COMPILE
-    COMPILE = False
-    log.warning("knowledge-graph scoring: torch.compile unavailable (%s); running eagerly", exc)

@@ -19,9 +19,8 @@ Two implementations of the same arithmetic:
   kernel are each one loop nest that torch.compile (Inductor, C++ with SIMD) fuses:
   the differences, moduli and products live in registers, never in memory, and the
   gradient's sum runs over the innermost, contiguous axis (candidates transposed to
-  (2k, m)). Compiled for static shapes (with dynamic ones Inductor's loops ran 20x
-  slower here), for the first MAX_SHAPES shapes a process sees; Inductor caches the
-  kernels on disk for later processes.
+  (2k, m)). Compiled for static shapes, within compilation.py's budget of shapes;
+  Inductor caches the kernels on disk for later processes.
 - tiles (where compilation is unavailable or fails: no C++ compiler, another device):
   tiles of (queries x candidates) whose three (n', m', k) buffers stay in cache,
   written in place, and a backward that recomputes a tile's differences.
@@ -31,24 +30,17 @@ training speed".
 
 from __future__ import annotations
 
-import logging
-import os
-from collections.abc import Callable
 from typing import Any
 
 import torch
 
-log = logging.getLogger(__name__)
+from shoal.tasks.kge.compilation import CompiledKernels
 
 _TINY = 1e-30  # a distance of 0 has no direction: its gradient is taken as 0
 #: elements of one (queries x candidates x k) tile: three such float buffers (12 MiB) stay in
 #: the last-level cache. Measured (benchmarks/kge_rotate_speed.py micro, 2 chunks of 256 x 256
 #: at dim 400): 2^14 0.6x, 2^16 1.9x, 2^18 3.8x, 2^20 5.7x, 2^22 3.1x the cdist path's speed
 TILE_ELEMENTS = 1 << 20
-#: whether `rotate_distances` may use the compiled kernels: SHOAL_KGE_COMPILE=0 turns them
-#: off (the test suite does, but for their own test: a compilation costs seconds a process);
-#: set to False after the first failure to compile, with one warning
-COMPILE = os.environ.get("SHOAL_KGE_COMPILE", "1") != "0"
 
 
 def rotate_distances(queries: torch.Tensor, candidates: torch.Tensor) -> torch.Tensor:
@@ -61,7 +53,7 @@ def rotate_distances(queries: torch.Tensor, candidates: torch.Tensor) -> torch.T
     leading = torch.broadcast_shapes(queries.shape[:-2], candidates.shape[:-2])
     q = queries.expand(*leading, n, width).reshape(-1, n, width)
     c = candidates.expand(*leading, m, width).reshape(-1, m, width)
-    function = _CompiledDistances if _kernels(q, c) is not None else _TileDistances
+    function = _CompiledDistances if _compiled(q, c) else _TileDistances
     scores: torch.Tensor = function.apply(q, c)
     return scores.reshape(*leading, n, m)
 
@@ -87,47 +79,19 @@ def _pulls(x: torch.Tensor, y_t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     return torch.cat([(re * weight).sum(-1), (im * weight).sum(-1)], dim=-1)
 
 
-_compiled: dict[str, Callable[..., torch.Tensor]] = {}
-#: (queries' shape, candidates' shape, dtype) compiled in this process: each new one costs a
-#: compilation (seconds; Inductor's disk cache shortens it in later processes), so only the
-#: first MAX_SHAPES are compiled and any other goes through the tiles. Only training steps
-#: (gradients enabled) are compiled: they see a few shapes (each side's chunks; the last
-#: batch of an epoch may be smaller), always under the limit, so a run resumed from a
-#: checkpoint takes the same kernel for every shape as the run it continues (bit-identical
-#: resume). Evaluation, whose blocks come in many shapes, always takes the tiles.
-_shapes: set[tuple[Any, ...]] = set()
-MAX_SHAPES = 8
+#: the compiled kernels (compilation.py), keyed by (queries' shape, candidates' shape, dtype).
+#: Only training steps (gradients enabled) are compiled: they see a few shapes (each side's
+#: chunks; the last batch of an epoch may be smaller), always under the budget, so a run
+#: resumed from a checkpoint takes the same kernel for every shape as the run it continues
+#: (bit-identical resume). Evaluation, whose blocks come in many shapes, takes the tiles.
+KERNELS = CompiledKernels("RotatE", "using tiles")
 
 
-def _kernels(q: torch.Tensor, c: torch.Tensor) -> dict[str, Callable[..., torch.Tensor]] | None:
-    """The compiled kernels, or None where they are not to be used (see the module doc)."""
-    if (
-        not COMPILE
-        or not torch.is_grad_enabled()
-        or q.device.type != "cpu"
-        or not q.dtype.is_floating_point
-    ):
-        return None
-    key = (tuple(q.shape), tuple(c.shape), q.dtype)
-    if key not in _shapes:
-        if len(_shapes) >= MAX_SHAPES:
-            return None
-        _shapes.add(key)
-    if not _compiled:  # static shapes: Inductor vectorizes them far better than dynamic ones
-        _compiled["forward"] = torch.compile(_negated_sums, dynamic=False)
-        _compiled["pulls"] = torch.compile(_pulls, dynamic=False)
-    return _compiled
-
-
-def _compiled_call(name: str, *args: torch.Tensor) -> torch.Tensor | None:
-    """Run a compiled kernel; None (and the tiles from now on) if it cannot be compiled."""
-    global COMPILE
-    try:
-        return _compiled[name](*args)
-    except Exception as exc:  # a missing or failing C++ compiler surfaces as many types
-        COMPILE = False
-        log.warning("RotatE: compiled scoring unavailable (%s); using tiles", exc)
-        return None
+def _compiled(q: torch.Tensor, c: torch.Tensor) -> bool:
+    """Whether the compiled kernels serve these shapes (see the module doc)."""
+    if not torch.is_grad_enabled() or q.device.type != "cpu" or not q.dtype.is_floating_point:
+        return False
+    return KERNELS.admit((tuple(q.shape), tuple(c.shape), q.dtype))
 
 
 class _CompiledDistances(torch.autograd.Function):
@@ -136,17 +100,17 @@ class _CompiledDistances(torch.autograd.Function):
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
         ctx.save_for_backward(q, c)
-        scores = _compiled_call("forward", q.contiguous(), c.contiguous())
+        scores = KERNELS.run(_negated_sums, q.contiguous(), c.contiguous())
         return _TileDistances.forward(ctx, q, c) if scores is None else scores
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         q, c = ctx.saved_tensors
         grad = grad.contiguous()
-        pull_q = _compiled_call("pulls", q, c.transpose(1, 2).contiguous(), grad)
+        pull_q = KERNELS.run(_pulls, q, c.transpose(1, 2).contiguous(), grad)
         if pull_q is not None:
             grad_t = grad.transpose(1, 2).contiguous()
-            pull_c = _compiled_call("pulls", c, q.transpose(1, 2).contiguous(), grad_t)
+            pull_c = KERNELS.run(_pulls, c, q.transpose(1, 2).contiguous(), grad_t)
             if pull_c is not None:
                 return pull_q.neg_(), pull_c.neg_()
         return _TileDistances.backward(ctx, grad)
