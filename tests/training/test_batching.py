@@ -17,6 +17,7 @@ from shoal.training.batching import (
     steps_per_epoch,
 )
 from shoal.training.optim import WarmupDecay
+from shoal.training.permutation import KeyedPermutation
 
 
 @pytest.mark.parametrize("world_size", [1, 2, 3, 4, 5])
@@ -67,7 +68,8 @@ def test_up_to_the_limit_the_order_is_numpys_permutation_bit_for_bit(samples: in
 
 def test_an_epoch_beyond_the_limit_holds_no_order_of_its_samples() -> None:
     """200M samples: NumPy's order would take 1.6 GB as int64 (0.8 GB as int32); the plan
-    and a batch of it take a few kB of the Python heap, NumPy's arrays included."""
+    and a block of batches of it take less than 1 MiB of the Python heap, NumPy's arrays
+    included."""
     samples = 200_000_000
     tracemalloc.start()
     try:
@@ -79,6 +81,25 @@ def test_an_epoch_beyond_the_limit_holds_no_order_of_its_samples() -> None:
     assert len(batch) == 1024 and int(batch.min()) >= 0 and int(batch.max()) < samples
     assert peak < 1 << 20, f"{peak / 2**20:.1f} MiB traced"
     assert samples > batching.MATERIALISED_SAMPLES
+
+
+@pytest.mark.parametrize("batch", [1000, 4096, 20000])
+def test_keyed_batches_computed_by_blocks_are_the_keyed_order(
+    batch: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Batches are cut from blocks of the keyed order; visited in any order (a resume, a
+    step revisited), each is the order's own slice, also where the batch does not divide
+    the block or exceeds it."""
+    monkeypatch.setattr(batching, "MATERIALISED_SAMPLES", 0)
+    samples = 100_003
+    plan = EpochPlan(samples, batch, epoch=4, seed=9)
+    order = KeyedPermutation(samples, 9, 4)
+    last = plan.num_steps - 1
+    for step in [0, 1, 17, 3, last, 2, last - 1, 17]:
+        start = step * batch
+        expected = order.at(start, min(start + batch, samples))
+        assert torch.equal(plan.global_batch(step), torch.from_numpy(expected)), step
+    assert len(plan.global_batch(last)) == samples - last * batch
 
 
 def test_drop_last_and_step_counts(limit: str) -> None:
