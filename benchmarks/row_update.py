@@ -51,7 +51,9 @@ def with_alpha(optimizer: RowOptimizer) -> Update:
 
     steps = [0]
 
-    def lazy_adam(table: torch.Tensor, state: dict, index: torch.Tensor, grad: torch.Tensor) -> None:
+    def lazy_adam(
+        table: torch.Tensor, state: dict, index: torch.Tensor, grad: torch.Tensor
+    ) -> None:
         assert isinstance(config, LazyAdamConfig)
         beta1, beta2 = config.betas
         steps[0] += 1
@@ -142,7 +144,8 @@ def main() -> None:
             },
             args,
         )
-        print(f"  {kind:9s} largest difference between the forms: {agreement(kind, config, args):.3g}")
+        difference = agreement(kind, config, args)
+        print(f"  {kind:9s} largest difference between the forms: {difference:.3g}")
         del state
     print(f"load at the end {os.getloadavg()[0]:.2f}")
 
