@@ -28,11 +28,12 @@ import torch
 from shoal.strategies.parameter_server.config import (
     LazyAdamConfig,
     RowAdagradConfig,
+    RowOptimizerConfig,
     RowSGDConfig,
 )
 from shoal.strategies.parameter_server.row_optimizers import RowOptimizer, build_row_optimizer
 
-Update = Callable[[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor], None]
+Update = Callable[[torch.Tensor, dict[str, torch.Tensor], torch.Tensor, torch.Tensor], object]
 
 
 def with_alpha(optimizer: RowOptimizer) -> Update:
@@ -128,7 +129,7 @@ def main() -> None:
         },
         args,
     )
-    configs = {
+    configs: dict[str, RowOptimizerConfig] = {
         "sgd": RowSGDConfig(lr=0.1),
         "adagrad": RowAdagradConfig(lr=0.1),
         "lazy_adam": LazyAdamConfig(lr=0.01),
