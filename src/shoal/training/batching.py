@@ -71,7 +71,6 @@ class EpochPlan:
             batch = np.arange(start, max(start, stop), dtype=np.int64)
         return torch.from_numpy(batch)
 
-
     def _keyed_batch(self, step: int, start: int, stop: int) -> np.ndarray:
         """Positions [start, stop) of the keyed order, from the block of batches holding them."""
         assert self._keyed is not None
