@@ -100,6 +100,8 @@ def test_keyed_batches_computed_by_blocks_are_the_keyed_order(
         expected = order.at(start, min(start + batch, samples))
         assert torch.equal(plan.global_batch(step), torch.from_numpy(expected)), step
     assert len(plan.global_batch(last)) == samples - last * batch
+    plan.global_batch(1).fill_(-1)  # a caller changing its batch leaves the block as it was
+    assert torch.equal(plan.global_batch(1), torch.from_numpy(order.at(batch, 2 * batch)))
 
 
 def test_drop_last_and_step_counts(limit: str) -> None:

@@ -72,15 +72,15 @@ class EpochPlan:
         return torch.from_numpy(batch)
 
     def _keyed_batch(self, step: int, start: int, stop: int) -> np.ndarray:
-        """Positions [start, stop) of the keyed order, from the block of batches holding them."""
+        """Positions [start, stop) of the keyed order, from the block of batches holding them
+        (a copy: a caller may change its batch, never the block)."""
         assert self._keyed is not None
         number = step // self._batches_per_block
+        first = number * self._batches_per_block * self.batch_size
         if self._block is None or self._block[0] != number:
-            first = number * self._batches_per_block * self.batch_size
             last = first + self._batches_per_block * self.batch_size
             self._block = (number, self._keyed.at(first, last))
-        offset = number * self._batches_per_block * self.batch_size
-        return self._block[1][start - offset : stop - offset]
+        return self._block[1][start - first : stop - first].copy()
 
 
 def steps_per_epoch(num_samples: int, batch_size: int, drop_last: bool) -> int:
