@@ -85,9 +85,10 @@ def measured(peaks: Path, limit_mb: int | None = None) -> list[str]:
 
 
 def shoal_sections(
-    contender: str, graph: Path, work: Path, args: argparse.Namespace
+    contender: str, graph: Path, work: Path, args: argparse.Namespace, device: str = "cpu"
 ) -> dict[str, dict[str, Any]]:
-    """What a contender changes in kge_vs_pbg's parameter-server job."""
+    """What a contender changes in kge_vs_pbg's parameter-server job (`device`: where its
+    workers score; the parameter server's rows stay on the CPU)."""
     sections: dict[str, dict[str, Any]] = {
         "task": {
             "data": {"prepared": str(graph)},
@@ -95,11 +96,12 @@ def shoal_sections(
             "evaluation": {"ranking": "sampled", "max_triples": args.eval_triples},
         },
         "monitor": {"log_every_steps": args.log_every, "progress": "off"},
+        "run": {"device": device},
     }
     if contender == "local":
         sections["strategy"] = {}
         sections["train"] = {"optimizer": {"kind": "adagrad", "lr": args.lr, "eps": 1e-10}}
-        sections["run"] = {"threads_per_worker": args.local_threads}
+        sections["run"]["threads_per_worker"] = args.local_threads
     elif contender == "shoal-ps-ooc":
         sections["strategy"] = {"shard_dir": str(work / "shards")}
     return sections
@@ -128,9 +130,14 @@ def read_peaks(peaks: Path) -> dict[str, Any]:
 
 
 def shoal_line(
-    contender: str, graph: Path, work: Path, args: argparse.Namespace, peaks: Path
+    contender: str,
+    graph: Path,
+    work: Path,
+    args: argparse.Namespace,
+    peaks: Path,
+    device: str = "cpu",
 ) -> dict[str, Any]:
-    name = f"{contender}-{graph.name}"
+    name = f"{contender}-{device}-{graph.name}"
     metrics = work / "runs" / name / "metrics.jsonl"
     started = time.perf_counter()
     ended = None
@@ -142,7 +149,7 @@ def shoal_line(
             False,
             max_steps=args.warmup + args.steps,
             launcher=measured(peaks, args.limit_mb),
-            sections=shoal_sections(contender, graph, work, args),
+            sections=shoal_sections(contender, graph, work, args, device),
         )
     except RuntimeError as error:  # killed after the measured steps: the rate still counts
         if not metrics.exists() or steady_rate(metrics, 0)[1] < args.warmup + args.steps:
@@ -204,6 +211,8 @@ def table(lines: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|",
     ]
     for line in lines:
+        device = line.get("device", "cpu")
+        contender = line["contender"] + (f" on {device}" if device != "cpu" else "")
         if "error" in line:
             group = line.get("cgroup", {})
             why = f"failed: {line['error']}"
@@ -211,7 +220,7 @@ def table(lines: list[dict[str, Any]]) -> str:
                 why = f"does not fit: killed by the kernel at the {group['limit_mib']:,} MiB limit"
             seen = memory_cell(line["processes"], "peak_rss_mib")
             rows.append(
-                f"| {line['entities']:,} | {line['edges']:,} | {line['contender']} | {why} | "
+                f"| {line['entities']:,} | {line['edges']:,} | {contender} | {why} | "
                 f"{seen} | | | {line['load_before']:.2f} |"
             )
             continue
@@ -223,7 +232,7 @@ def table(lines: list[dict[str, Any]]) -> str:
             rate += f" ({line['wall_triples_per_s']:,.0f} with swaps, P={line['partitions']})"
         total = sum(p["peak_rss_mib"] for p in line["processes"])
         rows.append(
-            f"| {line['entities']:,} | {line['edges']:,} | {line['contender']} | {rate} | "
+            f"| {line['entities']:,} | {line['edges']:,} | {contender} | {rate} | "
             f"{memory_cell(line['processes'], 'peak_rss_mib')} | {total:,.0f} | "
             f"{memory_cell(line['processes'], 'peak_anon_mib')} | {line['load_before']:.2f} |"
         )
@@ -252,6 +261,13 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--limit-mb", type=int, default=None, help="run each contender in a memory cgroup"
     )
+    parser.add_argument(
+        "--devices",
+        nargs="+",
+        choices=("cpu", "cuda"),
+        default=["cpu"],
+        help="run every shoal contender on each (cuda: its workers score on the GPU)",
+    )
     return finish_args(parser.parse_args())
 
 
@@ -262,7 +278,8 @@ def main() -> None:
     lines: list[dict[str, Any]] = []
     for entities in args.sizes:
         graph = ensure_graph(args.data, entities, 10 * entities)
-        for contender in args.contenders:
+        runs = [(c, d) for c in args.contenders for d in (["cpu"] if c == "pbg" else args.devices)]
+        for contender, device in runs:
             work = args.data / "work"
             shutil.rmtree(work, ignore_errors=True)
             work.mkdir(parents=True)
@@ -270,6 +287,7 @@ def main() -> None:
                 "entities": entities,
                 "edges": 10 * entities,
                 "contender": contender,
+                "device": device,
                 "load_before": os.getloadavg()[0],
             }
             peaks = work / "peaks.json"
@@ -277,7 +295,7 @@ def main() -> None:
                 if contender == "pbg":
                     line.update(pbg_line(graph, entities, work, args, peaks))
                 else:
-                    line.update(shoal_line(contender, graph, work, args, peaks))
+                    line.update(shoal_line(contender, graph, work, args, peaks, device))
             except (RuntimeError, subprocess.CalledProcessError) as error:
                 line["error"] = str(error).strip().splitlines()[-1][:300]
             line.update(read_peaks(peaks))
@@ -286,9 +304,13 @@ def main() -> None:
             print(json.dumps(line), flush=True)
             shutil.rmtree(work, ignore_errors=True)
     if args.reuse:
-        ran = {(line["entities"], line["contender"]) for line in lines}
+
+        def key(e: dict[str, Any]) -> tuple[int, str, str]:
+            return e["entities"], e["contender"], e.get("device", "cpu")
+
+        ran = {key(line) for line in lines}
         earlier = json.loads(args.reuse.read_text())["lines"]
-        lines += [e for e in earlier if (e["entities"], e["contender"]) not in ran]
+        lines += [e for e in earlier if key(e) not in ran]
         lines.sort(key=lambda e: (e["entities"], CONTENDERS.index(e["contender"])))
     print(table(lines))
     if args.out:

@@ -66,7 +66,7 @@ def train(
             warning = check_cores(plan.world_size, source, force)
             if warning:
                 print(f"shoal: warning: {warning}", flush=True)
-            note = check_devices(plan.config.run, plan.world_size)
+            note = check_devices(plan.config.run, plan.world_size, plan.shape.shares_gpus)
             if note:
                 print(f"shoal: warning: {note}", flush=True)
         paths = create_run(plan)

@@ -62,8 +62,23 @@ class ShoalConfig(ConfigModel):
             if check is not None:
                 check(self)
         self._check_floor()
+        self._check_backend()
         self._check_block_options()
         return self
+
+    def _check_backend(self) -> None:
+        """A job whose workers share GPUs talks through gloo: NCCL refuses two ranks on
+        one device."""
+        if self.run.backend != "nccl":
+            return
+        section = own_config(self.strategy)
+        shape = getattr(section, "shape", None)
+        if shape is not None and shape(self).shares_gpus:
+            raise FieldError(
+                ("run", "backend"),
+                f"strategy '{self.strategy.type}' talks through gloo (its workers may share "
+                'a GPU, which NCCL refuses); set run.backend = "auto" or "gloo"',
+            )
 
     def _check_block_options(self) -> None:
         """Activation checkpointing and compile apply to a model's repeated blocks, under

@@ -17,22 +17,30 @@ from shoal.config.sections import RunConfig
 from shoal.errors import ShoalError
 from shoal.runtime.auth import Signer
 from shoal.runtime.sealed_store import SealedStore
+from shoal.shape.sizing import shape_of
 
 #: set by shoal's own launcher in its workers' environment
 LAUNCHER_ENV = "SHOAL_LAUNCHER"
 TORCHRUN_VARS = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
-def pick_device(run: RunConfig, local_rank: int, local_workers: int = 1) -> torch.device:
+def pick_device(
+    run: RunConfig, local_rank: int, local_workers: int = 1, shared: bool = False
+) -> torch.device:
     """This worker's device: its own GPU, or the CPU.
 
     "auto" trains on the GPUs only when each of this host's `local_workers` gets one of
     its own (NCCL refuses two ranks on one device), else on the CPU (`check_devices`
     says so once); "cuda" insists, with a one-line error where the GPUs are too few.
+    `shared`: the job's workers may share a GPU (`JobShape.shares_gpus`: its collectives
+    run on gloo), so any GPU will do: worker `local_rank` takes GPU local_rank mod their
+    number.
     """
     if run.device == "cpu":
         return torch.device("cpu")
     gpus = _gpus()
+    if shared and gpus:
+        return torch.device("cuda", local_rank % gpus)
     if run.device == "auto" and gpus < local_workers:
         return torch.device("cpu")
     if local_rank >= gpus or local_workers > gpus:
@@ -40,13 +48,16 @@ def pick_device(run: RunConfig, local_rank: int, local_workers: int = 1) -> torc
     return torch.device("cuda", local_rank)
 
 
-def check_devices(run: RunConfig, local_workers: int) -> str | None:
+def check_devices(run: RunConfig, local_workers: int, shared: bool = False) -> str | None:
     """Before the launcher starts `local_workers` on this host: the one-line error of
     `pick_device` where run.device = "cuda" finds too few GPUs, or the note that says why
-    "auto" trains on the CPU of a host that has GPUs (None where there is nothing to say)."""
+    "auto" trains on the CPU of a host that has GPUs (None where there is nothing to say).
+    `shared`: the workers may share a GPU (one is enough)."""
     if run.device == "cpu":
         return None
     gpus = _gpus()
+    if shared and gpus:
+        return None
     if run.device == "cuda" and gpus < local_workers:
         raise ShoalError(_too_few_gpus(local_workers, gpus))
     if 0 < gpus < local_workers:
@@ -73,7 +84,11 @@ def _too_few_gpus(local_workers: int, gpus: int) -> str:
     )
 
 
-def pick_backend(run: RunConfig, device: torch.device) -> str:
+def pick_backend(run: RunConfig, device: torch.device, shared: bool = False) -> str:
+    """nccl for GPUs of their own, gloo otherwise; `shared`: ranks that share GPUs talk
+    through gloo (NCCL refuses two ranks on one device), which the config checks."""
+    if shared:
+        return "gloo"
     if run.backend == "auto":
         return "nccl" if device.type == "cuda" else "gloo"
     if run.backend == "nccl" and device.type != "cuda":
@@ -103,10 +118,18 @@ class Placement:
 
 
 def choose_device(config: ShoalConfig, placement: Placement) -> tuple[torch.device, str]:
-    """Pick device and backend and share the CPU cores; returns (device, backend)."""
-    device = pick_device(config.run, placement.local_rank, placement.local_world_size)
-    backend = pick_backend(config.run, device)
-    if device.type == "cpu":
+    """Pick device and backend and share the CPU cores; returns (device, backend).
+    Where the job's workers share GPUs, a rank that is no worker (a dedicated parameter
+    server) stays on the CPU, and every rank shares the cores: the workers' own CPU work
+    (batches, messages, a co-located server) runs beside the others'."""
+    shape = shape_of(config)
+    shared = shape.shares_gpus
+    if shared and placement.rank not in shape.roles.workers:
+        device = torch.device("cpu")
+    else:
+        device = pick_device(config.run, placement.local_rank, placement.local_world_size, shared)
+    backend = pick_backend(config.run, device, shared)
+    if device.type == "cpu" or shared:
         set_cpu_threads(config.run, placement.local_world_size)
     return device, backend
 

@@ -42,6 +42,11 @@ class JobShape:
     #: how failure messages name each rank, by rank: "rank 3 (pipeline stage 1)"; empty:
     #: "rank 3"
     labels: tuple[str, ...] = ()
+    #: the workers may share a GPU: every collective and message of the job runs on gloo
+    #: and only the workers' compute is on a GPU (a parameter server's workers score there
+    #: with the rows they pulled; the rows stay on the CPU), so "auto" puts its workers
+    #: on the GPUs however few they are, and its dedicated servers on the CPU
+    shares_gpus: bool = False
 
     @property
     def world_size(self) -> int:

@@ -29,7 +29,7 @@ def test_each_epoch_is_ordered_once_and_batches_match_the_plan(
     monkeypatch.setattr(learner_module, "SERVED_TABLES", SimpleNamespace(of=lambda task, _: task))
     train = TrainConfig(batch_size=4, seed=3)
     task: Any = SimpleNamespace(train_size=10)  # 3 steps an epoch, the last one short
-    served: Any = SimpleNamespace(client=None)
+    served: Any = SimpleNamespace(client=None, device=torch.device("cpu"))
     learner = ServerLearner(task, None, None, served, train, None, (0, 1))  # type: ignore[arg-type]
 
     batches = [learner._global_batch(step) for step in range(9)]
@@ -72,7 +72,7 @@ def _learner(poison: float, on_nonfinite: str, monkeypatch: pytest.MonkeyPatch) 
     """A worker whose loss is sum(entity rows * poison) + sum(relation rows)."""
     monkeypatch.setattr(learner_module, "SERVED_TABLES", SimpleNamespace(of=lambda task, _: task))
     client = _Client(torch.ones(3, 2), torch.ones(2, 2))
-    served: Any = SimpleNamespace(client=client, clock=0, batch=None)
+    served: Any = SimpleNamespace(client=client, clock=0, batch=None, device=torch.device("cpu"))
 
     def loss(model: Any, batch: Any) -> Any:
         entity, relation = served.batch["entity"][1], served.batch["relation"][1]

@@ -299,6 +299,7 @@ class ParameterServerStrategyConfig(StrategySection):
             alone=frozenset(alone),
             alone_notes=notes,
             labels=self.rank_labels(roles),
+            shares_gpus=True,
         )
 
     def rank_labels(self, roles: RankRoles) -> tuple[str, ...]:

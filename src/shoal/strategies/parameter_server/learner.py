@@ -6,6 +6,11 @@ pulled for the batch, so backward leaves each unique row's gradient, duplicates
 already summed, in the leaf's `.grad`, which is what is pushed. Outside a step
 (evaluation) a read is a fresh pull at the current clock.
 
+On a GPU (workers that share one, `JobShape.shares_gpus`), the pulled rows are
+copied to it, the batch is scored there, and the row gradients come back to the
+CPU to be pushed: the rows, their optimizer state and every message stay on the
+host.
+
 Overlap: right after the current rows arrive and before the current batch is
 computed, the next batch's rows are requested (when it lies in the same epoch),
 so they travel while this one computes. Under `sync` the server holds that pull
@@ -40,8 +45,15 @@ from shoal.training.nonfinite import GradientCheck
 class ServedRows:
     """The model's row source on a worker (implements `RowSource`)."""
 
-    def __init__(self, client: RowClient, num_entities: int, num_relations: int) -> None:
+    def __init__(
+        self,
+        client: RowClient,
+        num_entities: int,
+        num_relations: int,
+        device: torch.device | None = None,
+    ) -> None:
         self.client = client
+        self.device = device or torch.device("cpu")  # where the worker scores
         self.num_entities = num_entities
         self.num_relations = num_relations
         self.block_rows = client.max_rows  # candidate rows pulled at once when ranking
@@ -49,14 +61,15 @@ class ServedRows:
         self.batch: dict[str, tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def rows(self, table: str, ids: torch.Tensor) -> torch.Tensor:
-        if self.batch is None:  # evaluation: a fresh pull
+        if self.batch is None:  # evaluation: a fresh pull, the rows to where the ids are
             unique, inverse = torch.unique(ids, return_inverse=True)
+            unique = unique.cpu()
             empty = torch.zeros(0, dtype=torch.int64)
             if table == "entity":
                 rows, _ = self.client.pull(unique, empty, self.clock, fresh=True).wait()
             else:
                 _, rows = self.client.pull(empty, unique, self.clock, fresh=True).wait()
-            return rows[inverse]
+            return rows.to(ids.device)[inverse]
         pulled_ids, leaf = self.batch[table]
         if ids.shape == pulled_ids.shape and torch.equal(ids, pulled_ids):
             # the usual case: the model reads the batch's unique ids, which is what was
@@ -74,7 +87,7 @@ class ServedRows:
         for start in range(0, self.num_entities, block):
             ids = torch.arange(start, min(start + block, self.num_entities))
             rows, _ = self.client.pull(ids, empty, self.clock, fresh=True).wait()
-            yield rows
+            yield rows.to(self.device)
 
 
 class ServerSync(GradientSync):
@@ -166,6 +179,7 @@ class ServerLearner:
         self._data_s = 0.0  # the step's reading of batches (its own, the next one's)
         self._plan: tuple[int, EpochPlan] | None = None  # (epoch, its order)
         self.total_steps: int | None = None
+        self.device = served.device
 
     @property
     def lr(self) -> float:
@@ -194,9 +208,9 @@ class ServerLearner:
         started = time.perf_counter()
         # whole chunks of negatives: the same negatives on any number of workers (elastic)
         batch = self.task.train_batch(local_share(global_batch, *self.share, self.task.batch_unit))
-        entity_ids, relation_ids = self.tables.rows_touched(batch)
+        entity_ids, relation_ids = self.tables.rows_touched(batch)  # on the batch's device
         self._data_s += time.perf_counter() - started
-        return batch, self.client.pull(entity_ids, relation_ids, step)
+        return batch, self.client.pull(entity_ids.cpu(), relation_ids.cpu(), step)
 
     def step(self, global_batch: torch.Tensor, global_step: int | None = None) -> StepStats:
         """Pull the batch's rows (prefetched by the step before, with `prefetch`), forward
@@ -223,11 +237,15 @@ class ServerLearner:
             and (self.total_steps is None or following < self.total_steps)
         ):
             self._next = (following, *self._request(following, self._global_batch(following)))
-        entity.requires_grad_(True)
-        relation.requires_grad_(True)
-        self.served.batch = {"entity": (entity_ids, entity), "relation": (relation_ids, relation)}
+        device = self.device
+        entity = entity.to(device).requires_grad_(True)  # a leaf on the device
+        relation = relation.to(device).requires_grad_(True)
+        self.served.batch = {
+            "entity": (entity_ids.to(device), entity),
+            "relation": (relation_ids.to(device), relation),
+        }
         samples = len(batch["triples"])
-        loss_sum = torch.zeros(())
+        loss_sum = torch.zeros((), device=device)
         sums: dict[str, torch.Tensor] = {}
         try:
             if samples:
@@ -241,6 +259,7 @@ class ServerLearner:
             entity_ids, entity_grad = entity_ids[:0], entity.detach()[:0]
         if relation_grad is None:
             relation_ids, relation_grad = relation_ids[:0], relation.detach()[:0]
+        entity_grad, relation_grad = entity_grad.cpu(), relation_grad.cpu()  # pushed from here
         self.client.note_held(entity, relation, entity_grad, relation_grad)
         checked = time.perf_counter()
         skipped = False

@@ -277,7 +277,7 @@ class ParameterServerStrategy(Strategy[ParameterServerStrategyConfig]):
             self._map_host_shards(),
         )
         rows = {name: table.rows for name, table in self.tables.served_tables().items()}
-        self.served = ServedRows(self.client, rows["entity"], rows["relation"])
+        self.served = ServedRows(self.client, rows["entity"], rows["relation"], self.ctx.device)
         remote = [link for link in links if isinstance(link, RemoteLink)]
         self.watcher = Watcher(rejoin, remote) if rejoin is not None else None
         self._check_budget(widths)

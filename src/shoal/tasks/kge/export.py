@@ -78,9 +78,10 @@ def export_embeddings(folder: Path, model: KGEModel, config: KGETaskConfig) -> N
     folder.mkdir(parents=True, exist_ok=True)
     if model.served is not None:  # tables on a parameter server: stream them in blocks
         served = model.served
-        blocks = (model.prepare_entities(b).float().numpy() for b in served.entity_blocks())
+        blocks = (model.prepare_entities(b).float().cpu().numpy() for b in served.entity_blocks())
         _write_npy_blocks(folder / "entity_embeddings.npy", blocks)
-        relations = served.rows("relation", torch.arange(served.num_relations)).float().numpy()
+        relation_rows = served.rows("relation", torch.arange(served.num_relations))
+        relations = relation_rows.float().cpu().numpy()
     else:
         entities = model.all_entities().float().cpu().numpy()
         atomic_write_bytes(folder / "entity_embeddings.npy", _npy_bytes(entities))
