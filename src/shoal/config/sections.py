@@ -73,7 +73,11 @@ class RunConfig(ConfigModel):
         "auto", description="torch.distributed backend: nccl when CUDA is used, else gloo."
     )
     device: Literal["auto", "cpu", "cuda"] = Field(
-        "auto", description="Device to train on (auto: one CUDA device per worker if available)."
+        "auto",
+        description=(
+            "Device to train on (auto: one CUDA device per worker if available; a parameter "
+            "server's workers share the GPUs there are)."
+        ),
     )
     threads_per_worker: int | None = Field(
         None, ge=1, description="CPU threads per worker (default: cores / workers on this host)."
