@@ -30,9 +30,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import torch
 from torch import nn
-from torch.distributed.tensor import DTensor
 
 from shoal.errors import ShoalError
+from shoal.runtime.dtensors import is_dtensor
 
 
 @runtime_checkable
@@ -307,14 +307,14 @@ def _set_buffer(model: nn.Module, name: str, value: torch.Tensor) -> None:
 
 
 def _local(tensor: torch.Tensor) -> torch.Tensor:
-    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+    return tensor.to_local() if is_dtensor(tensor) else tensor
 
 
 def copy_piece(target: torch.Tensor, full: torch.Tensor) -> None:
     """This rank's piece of `full` into `target` (a DTensor: its local shard, by the
     placements' offsets; no collective)."""
     with torch.no_grad():
-        if isinstance(target, DTensor):
+        if is_dtensor(target):
             from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
 
             shape, offset = compute_local_shape_and_global_offset(
