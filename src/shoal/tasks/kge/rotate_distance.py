@@ -75,7 +75,10 @@ def _pulls(x: torch.Tensor, y_t: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     k = x.shape[-1] // 2
     re = x[:, :, :k, None] - y_t[:, None, :k, :]
     im = x[:, :, k:, None] - y_t[:, None, k:, :]
-    weight = g[:, :, None, :] * (re * re + im * im).clamp_min(_TINY * _TINY).rsqrt()
+    # the floor is the dtype's smallest normal number: _TINY squared underflows to 0 in
+    # float32, and rsqrt(0) * 0 is NaN where a candidate meets its query in a dimension
+    floor = torch.finfo(x.dtype).tiny
+    weight = g[:, :, None, :] * (re * re + im * im).clamp_min(floor).rsqrt()
     return torch.cat([(re * weight).sum(-1), (im * weight).sum(-1)], dim=-1)
 
 
